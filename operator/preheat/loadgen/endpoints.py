@@ -1,0 +1,153 @@
+"""Where to send requests: the ready serving pods of an endpoint, read from its EndpointSlices.
+
+The local cluster has no kube-proxy (Service ClusterIPs carry no traffic), so the load generator
+does what a service mesh or an ingress does: it reads the Service's EndpointSlices and balances
+across the ready addresses itself. Only loopback addresses are ever used (the whole cluster lives
+on 127.0.0.0/8 here); anything else is refused, so a misconfigured kubeconfig cannot make the load
+generator send traffic off this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class EndpointSource(Protocol):
+    """Anything that can say which `host:port` addresses are ready to take requests now."""
+
+    def ready(self) -> list[str]: ...
+
+
+def check_loopback(address: str) -> str:
+    """Return `address` (`host:port`) if its host is a loopback IP, else raise ValueError."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} is not host:port")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError as e:
+        raise ValueError(f"address {address!r}: host must be a literal IP, got {host!r}") from e
+    if not ip.is_loopback:
+        raise ValueError(f"address {address!r} is not a loopback address; the load generator only targets 127.0.0.0/8")
+    return address
+
+
+class StaticEndpoints:
+    """A fixed list of addresses (a server started by hand, or a test server)."""
+
+    def __init__(self, addresses: Iterable[str]):
+        self._addresses = [check_loopback(a) for a in addresses]
+        if not self._addresses:
+            raise ValueError("at least one address is needed")
+
+    def ready(self) -> list[str]:
+        return list(self._addresses)
+
+
+def ready_addresses_from_slices(slices: Iterable[Any], port_name: str | None = None) -> list[str]:
+    """Ready `ip:port` addresses in EndpointSlice objects (kubernetes client models or dicts).
+
+    `conditions.ready` unset counts as ready, as the EndpointSlice API defines; terminating
+    endpoints are never ready. The port is the one named `port_name`, else the slice's first port.
+    """
+    out: list[str] = []
+    for s in slices:
+        d = s if isinstance(s, dict) else s.to_dict()
+        ports = d.get("ports") or []
+        port = None
+        for p in ports:
+            if port_name is None or p.get("name") == port_name:
+                port = p.get("port")
+                break
+        if port is None:
+            continue
+        for ep in d.get("endpoints") or []:
+            cond = ep.get("conditions") or {}
+            if cond.get("ready") is False or cond.get("terminating") is True:
+                continue
+            for ip in ep.get("addresses") or []:
+                addr = f"{ip}:{port}"
+                try:
+                    out.append(check_loopback(addr))
+                except ValueError as e:
+                    log.warning("skipping endpoint: %s", e)
+    return sorted(set(out))
+
+
+class EndpointSliceWatcher:
+    """Keeps the ready addresses of Service `service` in `namespace` fresh by listing every second.
+
+    A list each second (not a watch) keeps the code obvious and bounds staleness to one second; a
+    failing API server leaves the last known list in place and is logged, never raised into the
+    replay.
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | Path | None,
+        namespace: str,
+        service: str,
+        *,
+        port_name: str | None = None,
+        interval_s: float = 1.0,
+        api_client: Any = None,
+    ):
+        from kubernetes import client, config
+
+        self.namespace = namespace
+        self.service = service
+        self.port_name = port_name
+        self.interval_s = interval_s
+        self._api_client = api_client or config.new_client_from_config(
+            config_file=str(kubeconfig) if kubeconfig else None
+        )
+        self._api = client.DiscoveryV1Api(self._api_client)
+        self._ready: list[str] = []
+        self._task: asyncio.Task | None = None
+        self.refreshes = 0
+        self.errors = 0
+
+    def ready(self) -> list[str]:
+        return list(self._ready)
+
+    def refresh(self) -> list[str]:
+        """One synchronous list of the Service's slices; returns the ready addresses."""
+        res = self._api.list_namespaced_endpoint_slice(
+            self.namespace, label_selector=f"kubernetes.io/service-name={self.service}", _request_timeout=5
+        )
+        self._ready = ready_addresses_from_slices(res.items, self.port_name)
+        self.refreshes += 1
+        return self.ready()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.refresh)
+            except Exception as e:  # the API server may be restarting; keep the last list
+                self.errors += 1
+                log.warning("EndpointSlice list for %s/%s failed: %s", self.namespace, self.service, e)
+            await asyncio.sleep(self.interval_s)
+
+    async def __aenter__(self) -> EndpointSliceWatcher:
+        try:
+            await asyncio.to_thread(self.refresh)
+        except Exception as e:
+            self.errors += 1
+            log.warning("first EndpointSlice list failed: %s", e)
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._api_client.close()

@@ -1,0 +1,295 @@
+"""Load generator: schedules from real trace excerpts, and replays against real aiohttp servers.
+
+The servers here are real HTTP servers on 127.0.0.1 that behave like a model server's
+`/v1/completions` at the level the load generator cares about (a bounded number of slots, a bounded
+queue answering 429, usage in the body); `test_loadgen_server.py` replays against the real
+`preheat-server --model tiny`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import itertools
+import socket
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from preheat.loadgen import (
+    Arrival,
+    ReplayConfig,
+    Replayer,
+    StaticEndpoints,
+    TokenShaping,
+    check_loopback,
+    from_rate_series,
+    from_requests,
+    offered_rate,
+    percentile,
+    summarize,
+)
+from preheat.loadgen.endpoints import ready_addresses_from_slices
+
+DATA = Path(__file__).parent / "data"
+
+
+def azure_excerpt() -> tuple[list[float], list[float], list[float]]:
+    t, c, g = [], [], []
+    with open(DATA / "azure_code_2023_excerpt.csv") as f:
+        for row in csv.DictReader(f):
+            t.append(datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp())
+            c.append(float(row["ContextTokens"]))
+            g.append(float(row["GeneratedTokens"]))
+    return t, c, g
+
+
+def servegen_excerpt() -> tuple[list[float], list[float]]:
+    with open(DATA / "servegen_m-small_day2_morning.csv") as f:
+        rows = list(csv.DictReader(f))
+    return [float(r["t_s"]) for r in rows], [float(r["total_rate_rps"]) for r in rows]
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+
+def test_per_request_trace_is_compressed_and_keeps_order():
+    t, c, g = azure_excerpt()
+    arr = from_requests(t, c, g, compress=10.0)
+    assert len(arr) == len(t)
+    span = max(t) - min(t)
+    assert arr[-1].t_s == pytest.approx(span / 10.0)
+    assert all(a.t_s <= b.t_s for a, b in itertools.pairwise(arr))
+    shaping = TokenShaping()
+    assert all(shaping.prompt_min <= a.prompt_tokens <= shaping.prompt_max for a in arr)
+    assert all(shaping.output_min <= a.max_tokens <= shaping.output_max for a in arr)
+
+
+def test_rate_scale_repeats_whole_copies_and_thins_fractions():
+    t, c, g = azure_excerpt()
+    assert len(from_requests(t, c, g, compress=5, rate_scale=3.0)) == 3 * len(t)
+    half = len(from_requests(t, c, g, compress=5, rate_scale=0.5, seed=1))
+    # binomial(300, 0.5): 6 standard deviations either side
+    assert 150 - 52 < half < 150 + 52
+
+
+def test_slice_selects_a_window_of_trace_time():
+    t, c, g = azure_excerpt()
+    t0 = min(t) + 60
+    arr = from_requests(t, c, g, compress=2.0, start_s=t0, duration_s=30)
+    expected = sum(1 for x in t if t0 <= x < t0 + 30)
+    assert len(arr) == expected
+    assert all(0 <= a.t_s < 15 for a in arr)
+
+
+def test_rate_series_follows_the_ramp():
+    t, r = servegen_excerpt()
+    compress, scale = 600.0, 0.01
+    arr = from_rate_series(t, r, compress=compress, rate_scale=scale, seed=3)
+    expected_total = sum(x * 600 for x in r) / compress * scale
+    assert abs(len(arr) - expected_total) < 6 * np.sqrt(expected_total) + 0.02 * expected_total
+    # The excerpt's ramp (hours 4–11 rise ~2.7×) must be visible in the offered rate.
+    hour = 3600 / compress
+    night = sum(1 for a in arr if 3 * hour <= a.t_s < 5 * hour)
+    morning = sum(1 for a in arr if 9 * hour <= a.t_s < 11 * hour)
+    assert morning > 1.8 * night
+
+
+def test_offered_rate_counts_per_bin():
+    arr = [Arrival(0.1, 8, 8), Arrival(0.5, 8, 8), Arrival(1.2, 8, 8)]
+    starts, rates = offered_rate(arr, bin_s=1.0)
+    assert list(starts) == [0.0, 1.0]
+    assert list(rates) == [2.0, 1.0]
+
+
+def test_bad_schedule_input_is_rejected():
+    with pytest.raises(ValueError, match="compress"):
+        from_requests([0.0], [1], [1], compress=0)
+    with pytest.raises(ValueError, match="same length"):
+        from_requests([0.0, 1.0], [1], [1])
+    with pytest.raises(ValueError, match="usable"):
+        from_rate_series([0, 600], [float("nan"), -1], compress=10, rate_scale=1)
+    with pytest.raises(ValueError, match="bounds"):
+        TokenShaping(prompt_min=10, prompt_max=5)
+
+
+# --- endpoints ----------------------------------------------------------------------------------
+
+
+def test_only_loopback_addresses_are_accepted():
+    assert check_loopback("127.10.0.3:8000") == "127.10.0.3:8000"
+    for bad in ["10.0.0.1:8000", "example.com:80", "127.0.0.1", "8.8.8.8:53"]:
+        with pytest.raises(ValueError):
+            check_loopback(bad)
+    with pytest.raises(ValueError):
+        StaticEndpoints(["192.168.1.1:8000"])
+
+
+def test_ready_addresses_follow_endpointslice_conditions():
+    slices = [
+        {
+            "ports": [{"name": "http", "port": 8000}],
+            "endpoints": [
+                {"addresses": ["127.10.0.1"], "conditions": {"ready": True}},
+                {"addresses": ["127.10.0.2"], "conditions": {"ready": False}},
+                {"addresses": ["127.10.0.3"], "conditions": {"ready": True, "terminating": True}},
+                {"addresses": ["127.10.0.4"], "conditions": {}},  # unset ready means ready
+                {"addresses": ["10.1.2.3"], "conditions": {"ready": True}},  # never off loopback
+            ],
+        },
+        {"ports": [{"name": "metrics", "port": 9000}], "endpoints": [{"addresses": ["127.10.0.9"]}]},
+    ]
+    assert ready_addresses_from_slices(slices, "http") == ["127.10.0.1:8000", "127.10.0.4:8000"]
+
+
+# --- replay against real HTTP servers --------------------------------------------------------------
+
+
+class CompletionServer:
+    """A real aiohttp server with `slots` concurrent requests, a bounded queue (429) and a service time."""
+
+    def __init__(self, service_s: float = 0.02, slots: int = 4, max_queue: int = 1000):
+        self.service_s = service_s
+        self.slots = asyncio.Semaphore(slots)
+        self.max_queue = max_queue
+        self.waiting = 0
+        self.bodies: list[dict] = []
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_get("/v1/models", self.models)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def complete(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        if self.waiting >= self.max_queue:
+            return web.json_response({"error": {"message": "queue full"}}, status=429)
+        self.waiting += 1
+        try:
+            async with self.slots:
+                await asyncio.sleep(self.service_s)
+        finally:
+            self.waiting -= 1
+        return web.json_response(
+            {"choices": [{"text": "x"}], "usage": {"completion_tokens": body["max_tokens"]}}
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    async def __aenter__(self) -> CompletionServer:
+        await self.server.start_server()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.close()
+
+
+def burst(n: int, every_s: float = 0.005) -> list[Arrival]:
+    return [Arrival(i * every_s, 8, 6) for i in range(n)]
+
+
+async def test_replay_sends_every_request_and_records_latency():
+    async with CompletionServer() as srv:
+        rp = Replayer(StaticEndpoints([srv.address]), ReplayConfig(slo_s=5.0))
+        recs = await rp.run(burst(40))
+    assert len(recs) == 40 and len(srv.bodies) == 40
+    assert all(r.status == 200 and r.slo_met for r in recs)
+    assert all(r.latency_s is not None and r.latency_s >= srv.service_s for r in recs)
+    assert all(r.output_tokens == 6 for r in recs)
+    # discovered the served model name and sent unique prompts (no completion cache can answer)
+    assert {b["model"] for b in srv.bodies} == {"tiny"}
+    assert len({b["prompt"] for b in srv.bodies}) == 40
+    s = summarize(recs, 5.0)
+    assert s["slo_attainment"] == 1.0 and s["requests"] == 40 and s["by_status"] == {"200": 40}
+
+
+async def test_least_outstanding_sends_more_to_the_faster_replica():
+    async with CompletionServer(service_s=0.01) as fast, CompletionServer(service_s=0.2) as slow:
+        rp = Replayer(StaticEndpoints([fast.address, slow.address]), ReplayConfig(model="tiny"))
+        await rp.run(burst(60, every_s=0.01))
+    assert len(fast.bodies) + len(slow.bodies) == 60
+    assert len(fast.bodies) > 2 * len(slow.bodies)
+
+
+async def test_full_server_queue_answers_429_and_counts_as_slo_miss():
+    async with CompletionServer(service_s=0.3, slots=1, max_queue=2) as srv:
+        rp = Replayer(StaticEndpoints([srv.address]), ReplayConfig(model="tiny", slo_s=10))
+        recs = await rp.run(burst(10, every_s=0.001))
+    rejected = [r for r in recs if r.status == 429]
+    assert rejected, "a one-slot server with a queue of 2 must reject part of a burst of 10"
+    assert not any(r.slo_met for r in rejected)
+    assert all(r.attempts == 1 for r in rejected)  # HTTP errors are not retried
+    assert summarize(recs, 10)["slo_attainment"] == pytest.approx(1 - len(rejected) / 10)
+
+
+class LateEndpoints:
+    """No replica serving until `after_s`, then one: the cold-start case, seen by the client."""
+
+    def __init__(self, address: str, after_s: float):
+        self.address, self.after_s = address, after_s
+        self.t0 = asyncio.get_running_loop().time()
+
+    def ready(self) -> list[str]:
+        return [self.address] if asyncio.get_running_loop().time() - self.t0 >= self.after_s else []
+
+
+async def test_requests_queue_client_side_until_a_replica_serves():
+    async with CompletionServer() as srv:
+        rp = Replayer(LateEndpoints(srv.address, 0.4), ReplayConfig(model="tiny", queue_timeout_s=5))
+        recs = await rp.run(burst(5))
+    assert all(r.status == 200 for r in recs)
+    # the wait for a replica is part of what the user saw
+    assert all(r.latency_s >= 0.4 - r.scheduled_s for r in recs)
+
+
+async def test_requests_fail_after_queue_timeout_when_nothing_serves():
+    class Nothing:
+        def ready(self) -> list[str]:
+            return []
+
+    rp = Replayer(Nothing(), ReplayConfig(model="tiny", queue_timeout_s=0.2))
+    recs = await rp.run(burst(3))
+    assert all(r.status == 0 and not r.slo_met and "no serving replica" in r.error for r in recs)
+    assert all(r.latency_s >= 0.2 for r in recs)
+    assert summarize(recs, 2.0)["by_status"] == {"no-answer": 3}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_connection_refused_is_retried_on_another_replica():
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there: a pod that just went away
+    async with CompletionServer() as srv:
+        rp = Replayer(StaticEndpoints([dead, srv.address]), ReplayConfig(model="tiny"))
+        recs = await rp.run(burst(10, every_s=0.02))
+        live = srv.address
+    assert all(r.status == 200 and r.endpoint == live for r in recs)
+    assert any(r.attempts > 1 for r in recs)
+
+
+async def test_replay_is_bounded_in_count_and_time():
+    async with CompletionServer() as srv:
+        rp = Replayer(StaticEndpoints([srv.address]), ReplayConfig(model="tiny", max_requests=7))
+        assert len(await rp.run(burst(50))) == 7
+        rp = Replayer(StaticEndpoints([srv.address]), ReplayConfig(model="tiny", max_duration_s=0.05))
+        recs = await rp.run([Arrival(0.0, 4, 4), Arrival(0.01, 4, 4), Arrival(5.0, 4, 4)])
+    assert len(recs) == 2
+
+
+def test_percentile_nearest_rank():
+    assert percentile([], 99) is None
+    vals = sorted(float(i) for i in range(1, 101))
+    assert percentile(vals, 50) == 50.0
+    assert percentile(vals, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0

@@ -1,0 +1,67 @@
+"""Build forecasters by name and restore them from their serialised state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from preheat.forecast.base import Forecaster
+from preheat.forecast.holt_winters import DAY_S, HoltWinters
+from preheat.forecast.quantile import DEFAULT_HORIZONS_S, QuantileForecaster
+from preheat.forecast.simple import Persistence, SeasonalNaive
+from preheat.forecast.trend import TrendForecaster
+
+KINDS = ("auto", "holt-winters", "trend", "persistence", "seasonal-naive")
+
+
+def season_knots(step_s: float, season_s: float = DAY_S, lo: int = 24, hi: int = 288) -> int:
+    """Knots for a season: one per sample spacing, between `lo` and `hi` (e.g. 288 = 5-minute buckets).
+
+    15 s or 60 s samples share 5-minute buckets (288 a day); 10-minute windows get 144 knots.
+    """
+    if not step_s > 0:
+        raise ValueError(f"step_s must be positive, got {step_s!r}")
+    return int(min(hi, max(lo, round(season_s / step_s))))
+
+
+def make_forecaster(
+    kind: str = "auto",
+    step_s: float = 60.0,
+    season_s: float = DAY_S,
+    weekly: bool = False,
+    quantile_tracking: bool = True,
+    horizons_s: tuple[float, ...] = DEFAULT_HORIZONS_S,
+    **params: Any,
+) -> Forecaster:
+    """A forecaster by name, sized for samples every `step_s` seconds.
+
+    kinds: "auto" and "holt-winters" (seasonal Holt-Winters falling back to the trend model while
+    history is short), "trend" (damped Holt), "persistence", "seasonal-naive". Extra keyword
+    arguments go to the model's constructor. With `quantile_tracking` (the default) the model is
+    wrapped in a QuantileForecaster, so `forecast_upper` comes from its measured errors.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown forecaster kind {kind!r}; choose one of {', '.join(KINDS)}")
+    knots = season_knots(step_s, season_s)
+    base: Forecaster
+    if kind in ("auto", "holt-winters"):
+        base = HoltWinters(season_s=season_s, knots=knots, weekly=weekly, **params)
+    elif kind == "trend":
+        base = TrendForecaster(**params)
+    elif kind == "persistence":
+        base = Persistence()
+    else:
+        base = SeasonalNaive(season_s=season_s, knots=knots)
+    return QuantileForecaster(base, horizons_s=horizons_s) if quantile_tracking else base
+
+
+_CLASSES: dict[str, Any] = {
+    cls.kind: cls for cls in (HoltWinters, TrendForecaster, Persistence, SeasonalNaive, QuantileForecaster)
+}
+
+
+def forecaster_from_dict(d: dict[str, Any]) -> Forecaster:
+    """Restore any forecaster from its `to_dict()` (dispatches on the `kind` tag)."""
+    kind = d.get("kind") if isinstance(d, dict) else None
+    if kind not in _CLASSES:
+        raise ValueError(f"cannot restore forecaster of kind {kind!r}; known: {', '.join(sorted(_CLASSES))}")
+    return _CLASSES[kind].from_dict(d)

@@ -1,0 +1,32 @@
+"""The scaling policy: how many serving replicas and how big a warm pool, and why.
+
+Pure (no kopf, torch, kubernetes or I/O): `decide(config, state, observation, forecast_value,
+forecast_upper) -> (Decision, PolicyState)`; `Autoscaler` wraps it with a forecaster.
+"""
+
+from preheat.policy.autoscaler import Autoscaler, ScalingPolicy
+from preheat.policy.decide import (
+    cold_start_s,
+    decide,
+    is_valid_signal,
+    lead_time_s,
+    quantile,
+    replicas_needed,
+)
+from preheat.policy.types import Decision, Observation, PolicyConfig, PolicyState, Reason
+
+__all__ = [
+    "Autoscaler",
+    "Decision",
+    "Observation",
+    "PolicyConfig",
+    "PolicyState",
+    "Reason",
+    "ScalingPolicy",
+    "cold_start_s",
+    "decide",
+    "is_valid_signal",
+    "lead_time_s",
+    "quantile",
+    "replicas_needed",
+]

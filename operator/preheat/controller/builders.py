@@ -1,0 +1,267 @@
+"""Pure manifest builders: (endpoint name, namespace, spec, owner) in, Kubernetes object dicts out.
+
+No I/O here, so unit tests read the manifests directly. Labels and annotations follow
+docs/ARCHITECTURE.md: the role label (warm/serving) is in the pod template but never in the
+Deployment's selector, because the operator changes it at run time to promote and demote pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from preheat.controller.spec import AcceleratorType, InferenceEndpointSpec
+
+SERVER_IMAGE = "preheat/model-server"
+SERVER_IMAGE_CUDA = "preheat/model-server-cuda"
+CONTAINER = "model-server"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_ENDPOINT = "preheat.dev/endpoint"
+LABEL_ROLE = "preheat.dev/role"
+ROLE_WARM = "warm"
+ROLE_SERVING = "serving"
+APP_NAME = "preheat-model-server"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+# ReplicaSets remove the lowest cost first: warm pods go before serving ones.
+COST_SERVING = "1000"
+COST_WARM = "0"
+# Seconds a stopping pod waits (preStop) before SIGTERM so every client has seen it leave the
+# EndpointSlice; then the server drains in-flight requests for drain_timeout_seconds.
+PRESTOP_SECONDS = 2
+
+
+def operator_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("preheat")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+        return "0.1.0"
+
+
+def workload_name(endpoint: str) -> str:
+    """Deployment, Service and PDB all share the endpoint's name (one endpoint owns one of each)."""
+    return endpoint
+
+
+def common_labels(endpoint: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: endpoint,
+        LABEL_MANAGED_BY: "preheat",
+        LABEL_ENDPOINT: endpoint,
+    }
+
+
+def selector_labels(endpoint: str) -> dict[str, str]:
+    """The Deployment's selector: stable for the pod's life, so no role label."""
+    return {LABEL_NAME: APP_NAME, LABEL_ENDPOINT: endpoint}
+
+
+def serving_selector(endpoint: str) -> dict[str, str]:
+    return {**selector_labels(endpoint), LABEL_ROLE: ROLE_SERVING}
+
+
+def selector_string(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """Owner reference to the InferenceEndpoint, so deleting it garbage-collects everything."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def server_image(spec: InferenceEndpointSpec, version: str | None = None) -> str:
+    if spec.server.image:
+        return spec.server.image
+    repo = SERVER_IMAGE_CUDA if spec.accelerator.type is AcceleratorType.gpu else SERVER_IMAGE
+    return f"{repo}:{version or operator_version()}"
+
+
+def server_args(endpoint: str, spec: InferenceEndpointSpec) -> list[str]:
+    """The preheat-server command line (docs/ARCHITECTURE.md), one flag per set spec field."""
+    s = spec.server
+    device = "cuda" if spec.accelerator.type is AcceleratorType.gpu else "cpu"
+    args = [
+        "--model", spec.model.server_arg,
+        "--host", "$(POD_IP)",
+        "--port", str(s.port),
+        "--device", device,
+        "--precision", str(spec.model.precision),
+        "--served-model-name", spec.model.served_model_name or endpoint,
+        "--drain-timeout-s", str(s.drain_timeout_seconds),
+    ]  # fmt: skip
+    optional = [
+        ("--max-num-seqs", s.max_num_seqs),
+        ("--max-num-batched-tokens", s.max_num_batched_tokens),
+        ("--kv-cache-blocks", s.kv_cache_blocks),
+        ("--block-size", s.block_size),
+        ("--max-queue", s.max_queue),
+        ("--target-itl-ms", s.target_itl_ms),
+    ]
+    for flag, value in optional:
+        if value is not None:
+            args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return args + list(s.extra_args)
+
+
+def _resources(spec: InferenceEndpointSpec) -> dict[str, Any]:
+    requests = {k: v for k, v in spec.resources.requests.items()}
+    limits = {k: v for k, v in spec.resources.limits.items()}
+    if spec.accelerator.type is AcceleratorType.gpu:
+        limits["nvidia.com/gpu"] = spec.accelerator.count
+        requests["nvidia.com/gpu"] = spec.accelerator.count
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None = None) -> dict[str, Any]:
+    port = spec.server.port
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    env += [{"name": k, "value": v} for k, v in sorted(spec.server.env.items())]
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": server_image(spec, version),
+        "args": server_args(endpoint, spec),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        # Ready only when the model is loaded and not draining: warm pods are Ready too, which is
+        # what makes a promotion add capacity at once.
+        "readinessProbe": {
+            "httpGet": {"path": "/health/ready", "port": "http"},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+        },
+        # Live while loading (a slow model load must not be killed as a hang).
+        "livenessProbe": {
+            "httpGet": {"path": "/health/live", "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        # The server writes why it stopped (e.g. "model path /x does not exist") here; the operator
+        # surfaces it in the Ready condition and an Event.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    resources = _resources(spec)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": PRESTOP_SECONDS + spec.server.drain_timeout_seconds + 5,
+    }
+    if spec.accelerator.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.accelerator.node_selector)
+    if spec.accelerator.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in spec.accelerator.tolerations
+        ]
+    if spec.model.persistent_volume_claim:
+        pod_spec["volumes"] = [
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": spec.model.persistent_volume_claim, "readOnly": True},
+            }
+        ]
+        container["volumeMounts"] = [{"name": "model", "mountPath": spec.model.mount_path, "readOnly": True}]
+    return {
+        "metadata": {
+            # New pods are born warm: outside the Service until the operator promotes them.
+            "labels": {**common_labels(endpoint), LABEL_ROLE: ROLE_WARM},
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(port),
+                "prometheus.io/path": "/metrics",
+                DELETION_COST: COST_WARM,
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def initial_replicas(spec: InferenceEndpointSpec) -> int:
+    """Replicas at creation: the serving floor plus the warm pool's minimum."""
+    return spec.scaling.min_replicas + spec.scaling.warm_pool.min
+
+
+def deployment(
+    endpoint: str,
+    namespace: str,
+    spec: InferenceEndpointSpec,
+    owner: dict[str, Any],
+    replicas: int | None = None,
+    version: str | None = None,
+) -> dict[str, Any]:
+    """The model server's Deployment. `replicas=None` leaves replicas to the autoscaling loop."""
+    body: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": workload_name(endpoint),
+            "namespace": namespace,
+            "labels": common_labels(endpoint),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "selector": {"matchLabels": selector_labels(endpoint)},
+            # A rollout never takes serving capacity away before the new pod is Ready.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "template": pod_template(endpoint, spec, version),
+        },
+    }
+    if replicas is not None:
+        body["spec"]["replicas"] = replicas
+    return body
+
+
+def service(endpoint: str, namespace: str, spec: InferenceEndpointSpec, owner: dict[str, Any]) -> dict[str, Any]:
+    """Selects serving pods only: warm pods are Ready but receive no traffic."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": workload_name(endpoint),
+            "namespace": namespace,
+            "labels": common_labels(endpoint),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": serving_selector(endpoint),
+            "ports": [{"name": "http", "port": spec.server.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def pod_disruption_budget(
+    endpoint: str, namespace: str, spec: InferenceEndpointSpec, owner: dict[str, Any]
+) -> dict[str, Any]:
+    """Voluntary disruptions (drains) take at most one serving pod at a time; warm pods are free."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": workload_name(endpoint),
+            "namespace": namespace,
+            "labels": common_labels(endpoint),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": serving_selector(endpoint)}},
+    }

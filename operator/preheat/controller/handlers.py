@@ -1,0 +1,229 @@
+"""Kopf handlers: thin glue from InferenceEndpoint events to the builders, the loop and the API.
+
+- create/update/resume -> `reconcile`: parse the spec, build Deployment/Service/PDB, create what is
+  missing and bring what drifted back to the built form (idempotent; a template change rolls the
+  Deployment, nothing else does).
+- one daemon per endpoint -> `autoscale`: runs `loop.Autoscaling.step` every interval in a worker
+  thread and posts the Events it returns.
+Importing this module registers the handlers on Kopf's default registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import logging
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from preheat.controller import builders
+from preheat.controller import status as st
+from preheat.controller.loop import Autoscaling, retry_conflict
+from preheat.controller.spec import GROUP, PLURAL, VERSION, describe_error, parse_spec
+
+log = logging.getLogger("preheat.handlers")
+
+TEMPLATE_HASH = "preheat.dev/template-hash"
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    """A deep copy of a Kopf body view as plain dicts (safe to hand to a worker thread)."""
+    return {k: copy.deepcopy(body[k]) for k in body}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Kopf's bookkeeping goes into annotations under our domain; .status stays ours alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="preheat.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="preheat.dev", key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = "preheat.dev/finalizer"
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    settings.execution.max_workers = int(memo.get("max_workers", 8))
+    # Peering: when two operator replicas run, the one with higher priority acts; the other waits.
+    settings.peering.priority = int(memo.get("peering_priority", 0))
+    settings.peering.stealth = True
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """Kopf talks to the same API server with the same identity as the kubernetes client."""
+    c = memo["credentials"]
+    return kopf.ConnectionInfo(
+        server=c.server,
+        ca_path=c.ca_path,
+        insecure=c.insecure,
+        scheme="Bearer" if c.token else None,
+        token=c.token,
+        certificate_path=c.cert_path,
+        private_key_path=c.key_path,
+        default_namespace=c.namespace,
+    )
+
+
+def _ensure(kind: str, read: Any, create: Any, update: Any, desired: dict[str, Any], differs: Any) -> str | None:
+    """Create `desired` if missing, update it if `differs(existing)`; returns what was done or None."""
+    try:
+        existing = read()
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        create(desired)
+        return f"created {kind} {desired['metadata']['name']}"
+    if differs(existing):
+        retry_conflict(lambda: update(desired))
+        return f"updated {kind} {desired['metadata']['name']}"
+    return None
+
+
+def reconcile_objects(body: dict[str, Any]) -> list[str]:
+    """Bring the endpoint's Deployment, Service and PDB to their built form. Returns actions taken."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    spec = parse_spec(body.get("spec") or {})
+    core, apps, policy = client.CoreV1Api(), client.AppsV1Api(), client.PolicyV1Api()
+    api = client.ApiClient()
+    actions: list[str] = []
+
+    dep = builders.deployment(name, ns, spec, body, replicas=builders.initial_replicas(spec))
+    template_hash = _hash(dep["spec"]["template"])
+    dep["metadata"]["annotations"] = {TEMPLATE_HASH: template_hash}
+
+    def dep_update(desired: dict[str, Any]) -> Any:
+        # Replace the template wholesale (a removed flag must disappear), never touch replicas:
+        # those belong to the autoscaling loop.
+        patch = [
+            {"op": "replace", "path": "/spec/template", "value": desired["spec"]["template"]},
+            {"op": "replace", "path": "/spec/strategy", "value": desired["spec"]["strategy"]},
+            {"op": "replace", "path": "/metadata/ownerReferences", "value": desired["metadata"]["ownerReferences"]},
+        ]
+        apps.patch_namespaced_deployment(name, ns, patch)  # a list body is sent as a JSON patch
+        return apps.patch_namespaced_deployment(
+            name, ns, {"metadata": {"annotations": {TEMPLATE_HASH: template_hash}}}
+        )
+
+    done = _ensure(
+        "Deployment",
+        lambda: apps.read_namespaced_deployment(name, ns),
+        lambda d: apps.create_namespaced_deployment(ns, d),
+        dep_update,
+        dep,
+        lambda existing: (existing.metadata.annotations or {}).get(TEMPLATE_HASH) != template_hash
+        or not existing.metadata.owner_references,
+    )
+    if done:
+        actions.append(done)
+
+    svc = builders.service(name, ns, spec, body)
+
+    def svc_differs(existing: Any) -> bool:
+        e = api.sanitize_for_serialization(existing)
+        return e["spec"].get("selector") != svc["spec"]["selector"] or [
+            (p.get("name"), p.get("port"), p.get("targetPort")) for p in e["spec"].get("ports", [])
+        ] != [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]]
+
+    done = _ensure(
+        "Service",
+        lambda: core.read_namespaced_service(name, ns),
+        lambda d: core.create_namespaced_service(ns, d),
+        lambda d: core.patch_namespaced_service(name, ns, {"spec": {"selector": d["spec"]["selector"],
+                                                                   "ports": d["spec"]["ports"]}}),
+        svc,
+        svc_differs,
+    )
+    if done:
+        actions.append(done)
+
+    pdb = builders.pod_disruption_budget(name, ns, spec, body)
+    done = _ensure(
+        "PodDisruptionBudget",
+        lambda: policy.read_namespaced_pod_disruption_budget(name, ns),
+        lambda d: policy.create_namespaced_pod_disruption_budget(ns, d),
+        lambda d: policy.patch_namespaced_pod_disruption_budget(name, ns, {"spec": d["spec"]}),
+        pdb,
+        lambda existing: api.sanitize_for_serialization(existing)["spec"].get("selector") != pdb["spec"]["selector"],
+    )
+    if done:
+        actions.append(done)
+    return actions
+
+
+def _invalid(body: Any, message: str) -> None:
+    meta = body["metadata"]
+    status = st.build_status(
+        generation=meta.get("generation"),
+        previous=dict(body.get("status") or {}),
+        conditions=[st.Condition(st.READY, False, "InvalidSpec", message)],
+        now=st.now_iso(),
+        fields={},
+    )
+    try:
+        client.CustomObjectsApi().patch_namespaced_custom_object_status(
+            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": status}
+        )
+    except ApiException as exc:
+        log.warning("cannot write status of %s/%s: %s", meta["namespace"], meta["name"], exc)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+async def reconcile(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    plain = _plain(body)
+    try:
+        parse_spec(plain.get("spec") or {})
+    except Exception as exc:
+        message = describe_error(exc)
+        await asyncio.to_thread(_invalid, plain, message)
+        kopf.warn(body, reason="InvalidSpec", message=message)
+        raise kopf.PermanentError(f"invalid spec: {message}") from exc
+    from preheat.controller import metrics
+
+    with metrics.reconcile_duration.time():
+        try:
+            actions = await asyncio.to_thread(reconcile_objects, plain)
+        except ApiException as exc:
+            metrics.reconciles.labels("error").inc()
+            raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+    metrics.reconciles.labels("success").inc()
+    for action in actions:
+        kopf.info(body, reason="Reconciled", message=action)
+        logger.info(action)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def autoscale(body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo,
+                    logger: logging.Logger, **_: Any) -> None:
+    """The autoscaling loop of one endpoint. Errors back off and retry; they never end the loop."""
+    loop: Autoscaling = memo["autoscaling"]
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    errors = 0
+    try:
+        while not stopped:
+            try:
+                result = await asyncio.to_thread(loop.step, _plain(body))
+                errors = 0
+                sleep = result.sleep_s
+                for ev in result.events:
+                    kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1024])
+                    logger.info("%s: %s", ev.reason, ev.message)
+            except Exception as exc:  # API hiccup, 409 storm, a bug: log, back off, keep going
+                errors += 1
+                sleep = min(60.0, 2.0 ** min(errors, 6))
+                logger.exception("autoscaling step failed (%d in a row), retrying in %.0fs: %s", errors, sleep, exc)
+            await stopped.wait(sleep)
+    finally:
+        loop.forget(ns, name)

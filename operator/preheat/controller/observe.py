@@ -1,0 +1,175 @@
+"""Observations from Prometheus: the PromQL per endpoint and the query calls (prometheus-api-client).
+
+`signal_queries` is pure (tests read it); `PrometheusSource` does the I/O. Any failure — connection
+refused, timeout, a PromQL error — becomes `MetricsResult(available=False, reason=...)` and the loop
+holds the current size rather than guessing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from preheat.controller.spec import InferenceEndpointSpec, Signal
+
+log = logging.getLogger("preheat.observe")
+
+
+def _sel(namespace: str, endpoint: str) -> str:
+    return f'namespace="{namespace}",endpoint="{endpoint}"'
+
+
+def default_queries(namespace: str, endpoint: str, window: str, panic_window: str) -> dict[str, str]:
+    """PromQL over the model-server metrics (docs/ARCHITECTURE.md) for one endpoint.
+
+    Arrivals (`preheat:requests_received_total`) rather than completions: a saturated replica
+    completes less than it is sent, and the autoscaler must see the demand, not the throughput.
+    """
+    s = _sel(namespace, endpoint)
+    return {
+        "rate": f"sum(rate(preheat:requests_received_total{{{s}}}[{window}]))",
+        "rate_panic": f"sum(rate(preheat:requests_received_total{{{s}}}[{panic_window}]))",
+        "tokens": f"sum(rate(vllm:generation_tokens_total{{{s}}}[{window}]))",
+        "tokens_panic": f"sum(rate(vllm:generation_tokens_total{{{s}}}[{panic_window}]))",
+        "concurrency": f"sum(avg_over_time(vllm:num_requests_running{{{s}}}[{window}]))"
+        f" + sum(avg_over_time(vllm:num_requests_waiting{{{s}}}[{window}]))",
+        "concurrency_panic": f"sum(vllm:num_requests_running{{{s}}}) + sum(vllm:num_requests_waiting{{{s}}})",
+        "queue": f"sum(vllm:num_requests_waiting{{{s}}})",
+        "latency": "histogram_quantile(0.9, sum by (le) "
+        f"(rate(vllm:e2e_request_latency_seconds_bucket{{{s}}}[{window}])))",
+        # Targets scraped for this endpoint: tells "no traffic" (targets up, rate 0) from "no data".
+        "targets": f"count(up{{{s}}} == 1)",
+    }
+
+
+def substitute(query: str, namespace: str, endpoint: str) -> str:
+    return query.replace("$namespace", namespace).replace("$endpoint", endpoint)
+
+
+def signal_queries(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -> dict[str, str]:
+    """The queries the loop runs: `signal`, `signal_panic`, `queue`, `latency`, `targets`.
+
+    User overrides replace the stable-window signal query (and the panic one, since a user's query
+    has no window we could shorten).
+    """
+    p = spec.prometheus
+    q = default_queries(namespace, endpoint, p.window, p.panic_window)
+    key = {Signal.requests_per_second: "rate", Signal.tokens_per_second: "tokens", Signal.concurrency: "concurrency"}[
+        spec.scaling.signal
+    ]
+    signal, panic = q[key], q[f"{key}_panic"]
+    override = getattr(p.queries, key)
+    if override:
+        signal = panic = substitute(override, namespace, endpoint)
+    queue = substitute(p.queries.queue, namespace, endpoint) if p.queries.queue else q["queue"]
+    latency = substitute(p.queries.latency, namespace, endpoint) if p.queries.latency else q["latency"]
+    return {"signal": signal, "signal_panic": panic, "queue": queue, "latency": latency, "targets": q["targets"]}
+
+
+def history_query(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -> str:
+    return signal_queries(namespace, endpoint, spec)["signal"]
+
+
+@dataclass(frozen=True)
+class MetricsResult:
+    available: bool
+    reason: str
+    message: str
+    value: float | None = None
+    value_panic: float | None = None
+    queue: float | None = None
+    latency_p90_s: float | None = None
+    targets: int = 0
+
+
+def _scalar(result: Any) -> float | None:
+    """The one number of an instant-vector answer; None for an empty vector or NaN."""
+    if not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
+
+
+def duration_s(text: str) -> float:
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+class PrometheusSource:
+    """Runs the endpoint's queries against one Prometheus (the operator's, or the spec's override)."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
+
+        self.url = url
+        # No client-side retries: the loop backs off itself and must not stall 200 endpoints on
+        # one dead Prometheus.
+        self._prom = PrometheusConnect(
+            url=url, disable_ssl=True, retry=Retry(total=0, connect=0, read=0), timeout=int(timeout_s) or 1
+        )
+        self._timeout = timeout_s
+
+    def _query(self, q: str) -> Any:
+        return self._prom.custom_query(query=q, params={"timeout": f"{self._timeout:g}s"})
+
+    def observe(self, queries: dict[str, str]) -> MetricsResult:
+        try:
+            targets = _scalar(self._query(queries["targets"]))
+            value = _scalar(self._query(queries["signal"]))
+            panic = _scalar(self._query(queries["signal_panic"]))
+            queue = _scalar(self._query(queries["queue"]))
+            latency = _scalar(self._query(queries["latency"]))
+        except Exception as exc:  # connection refused, timeout, bad PromQL: all mean "no data"
+            return MetricsResult(False, "PrometheusUnreachable", f"{self.url}: {type(exc).__name__}: {exc}"[:500])
+        if not targets:
+            return MetricsResult(
+                False,
+                "NoMetrics",
+                "Prometheus has no scraped model-server target for this endpoint yet",
+            )
+        # Targets are up: an empty rate means no traffic yet, which is a real zero.
+        return MetricsResult(
+            True,
+            "MetricsFound",
+            f"{int(targets)} target(s) scraped",
+            value=value if value is not None else 0.0,
+            value_panic=panic if panic is not None else (value if value is not None else 0.0),
+            queue=queue,
+            latency_p90_s=latency,
+            targets=int(targets),
+        )
+
+    def history(self, query: str, start_s: float, end_s: float, step_s: float) -> list[tuple[float, float]]:
+        """(time, value) samples of `query` over [start, end]: rebuilds a forecaster after a restart."""
+        from datetime import UTC, datetime
+
+        try:
+            result = self._prom.custom_query_range(
+                query=query,
+                start_time=datetime.fromtimestamp(start_s, UTC),
+                end_time=datetime.fromtimestamp(end_s, UTC),
+                step=f"{max(1, int(step_s))}s",
+            )
+        except Exception as exc:
+            log.warning("history query failed: %s", exc)
+            return []
+        if not result:
+            return []
+        out = []
+        for t, v in result[0].get("values", []):
+            value = float(v)
+            if math.isfinite(value):
+                out.append((float(t), value))
+        return out

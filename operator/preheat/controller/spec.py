@@ -1,0 +1,321 @@
+"""The InferenceEndpoint spec as pydantic v2 models: the one source of the CRD schema and its checks.
+
+Every cross-field rule lives twice on purpose: as a pydantic validator (the operator never acts on a
+spec it cannot explain) and as a CEL rule in the CRD (the API server rejects it before it is stored).
+`tests/operator/test_crd.py` proves the two agree on the bad samples.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "preheat.dev"
+VERSION = "v1alpha1"
+KIND = "InferenceEndpoint"
+PLURAL = "inferenceendpoints"
+SINGULAR = "inferenceendpoint"
+SHORT_NAMES = ["ie", "iep"]
+
+BUILTIN_MODELS = ("tiny", "small", "all-MiniLM-L6-v2")
+
+# A quantity as Kubernetes writes it: "500m", "2Gi" or a bare integer.
+Quantity = Annotated[str | int, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+def _cel(rule: str, message: str) -> dict[str, str]:
+    return {"rule": rule, "message": message}
+
+
+class _Model(BaseModel):
+    """camelCase on the wire (Kubernetes style), snake_case in Python; unknown fields are errors."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Precision(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    int8 = "int8"
+    int4 = "int4"
+
+
+class ModelSpec(_Model):
+    """Which weights the serving replicas load: a built-in name, or a path in the image or on a PVC."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.builtin) != has(self.path)",
+                    "model: set exactly one of model.builtin (tiny, small, all-MiniLM-L6-v2) or model.path",
+                ),
+                _cel(
+                    "!has(self.persistentVolumeClaim) || has(self.path)",
+                    "model.persistentVolumeClaim needs model.path (where the weights are on the volume)",
+                ),
+                _cel(
+                    "!has(self.path) || self.path.startsWith('/')",
+                    "model.path must be an absolute path",
+                ),
+            ]
+        }
+    )
+
+    builtin: str | None = Field(
+        default=None,
+        description="A model the server ships with.",
+        json_schema_extra={"enum": list(BUILTIN_MODELS)},
+    )
+    path: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Absolute path of a model directory: baked into the image, or on the PVC below.",
+    )
+    persistent_volume_claim: str | None = Field(
+        default=None,
+        max_length=253,
+        description="PVC holding the weights, mounted read-only at mountPath.",
+    )
+    mount_path: str = Field(default="/models", description="Where the PVC is mounted in the pod.")
+    precision: Precision = Field(default=Precision.fp32, description="Weight precision the server loads.")
+    served_model_name: str | None = Field(
+        default=None, max_length=253, description="Name in the OpenAI API (default: the endpoint's name)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.builtin is None) == (self.path is None):
+            raise ValueError(
+                "model: set exactly one of model.builtin (tiny, small, all-MiniLM-L6-v2) or model.path"
+            )
+        if self.builtin is not None and self.builtin not in BUILTIN_MODELS:
+            raise ValueError(f"model.builtin must be one of {', '.join(BUILTIN_MODELS)}")
+        if self.persistent_volume_claim is not None and self.path is None:
+            raise ValueError("model.persistentVolumeClaim needs model.path (where the weights are on the volume)")
+        if self.path is not None and not self.path.startswith("/"):
+            raise ValueError("model.path must be an absolute path")
+        return self
+
+    @property
+    def server_arg(self) -> str:
+        """What the server's --model flag gets."""
+        return self.builtin if self.builtin is not None else str(self.path)
+
+
+class AcceleratorType(StrEnum):
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+class Toleration(_Model):
+    key: str | None = None
+    operator: str | None = Field(default=None, json_schema_extra={"enum": ["Exists", "Equal"]})
+    value: str | None = None
+    effect: str | None = Field(
+        default=None, json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]}
+    )
+    toleration_seconds: int | None = None
+
+
+class AcceleratorSpec(_Model):
+    """Where a serving replica runs: CPU, or N GPUs (nvidia.com/gpu) on nodes picked by selector."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.type != 'gpu' || self.count >= 1",
+                    "accelerator.count must be at least 1 when accelerator.type is gpu",
+                )
+            ]
+        }
+    )
+
+    type: AcceleratorType = Field(default=AcceleratorType.cpu, description="cpu or gpu.")
+    count: int = Field(default=0, ge=0, le=16, description="GPUs per replica (gpu only).")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+
+    @model_validator(mode="after")
+    def _gpu_count(self) -> AcceleratorSpec:
+        if self.type is AcceleratorType.gpu and self.count < 1:
+            raise ValueError("accelerator.count must be at least 1 when accelerator.type is gpu")
+        return self
+
+
+class ResourcesSpec(_Model):
+    """Container resources (Kubernetes quantities). GPUs come from accelerator.count, not from here."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class ServerSpec(_Model):
+    """Model-server knobs: each becomes the preheat-server flag of the same name.
+
+    max_num_seqs and max_queue bound one replica's capacity by its own slots rather than by the
+    node's CPU, which is what makes per-replica targets meaningful.
+    """
+
+    image: str | None = Field(default=None, description="Default: preheat/model-server:<operator version>.")
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_num_seqs: int | None = Field(default=None, ge=1, le=4096)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_blocks: int | None = Field(default=None, ge=1)
+    block_size: int | None = Field(default=None, ge=1, le=1024)
+    max_queue: int | None = Field(default=None, ge=0)
+    target_itl_ms: float | None = Field(default=None, gt=0)
+    drain_timeout_seconds: int = Field(
+        default=30, ge=0, le=3600, description="How long a stopping replica finishes in-flight requests."
+    )
+    extra_args: list[str] = Field(default_factory=list, max_length=64)
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+
+
+class Signal(StrEnum):
+    requests_per_second = "requestsPerSecond"
+    tokens_per_second = "tokensPerSecond"
+    concurrency = "concurrency"
+
+
+class Mode(StrEnum):
+    auto = "Auto"
+    preview = "Preview"
+
+
+class ForecastingSpec(_Model):
+    enabled: bool = Field(default=True, description="false = reactive only (no pre-scaling).")
+    seasonality_seconds: int | None = Field(
+        default=None, ge=1, description="Period of the load's cycle (e.g. 86400); default: detected/none."
+    )
+    horizon_seconds: float | None = Field(
+        default=None, gt=0, description="Override the lead time (default: cold start p90 + interval)."
+    )
+    forecaster: str | None = Field(default=None, description="Forecaster name (default: the policy's).")
+
+
+class WarmPoolSpec(_Model):
+    """Loaded, Ready replicas kept outside the Service so a promotion adds capacity in seconds."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.min <= self.max", "scaling.warmPool.min must be <= scaling.warmPool.max")
+            ]
+        }
+    )
+
+    min: int = Field(default=1, ge=0, le=1000)
+    max: int = Field(default=2, ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> WarmPoolSpec:
+        if self.min > self.max:
+            raise ValueError("scaling.warmPool.min must be <= scaling.warmPool.max")
+        return self
+
+
+class ScalingSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "scaling.minReplicas must be <= scaling.maxReplicas",
+                ),
+                _cel(
+                    "self.targetPerReplica > 0.0",
+                    "scaling.targetPerReplica must be > 0 (the signal one serving replica handles within the SLO)",
+                ),
+                _cel(
+                    "!has(self.latencySloMs) || self.latencySloMs > 0.0",
+                    "scaling.latencySloMs (the latency budget) must be > 0",
+                ),
+                _cel(
+                    "self.minReplicas >= 1 || self.scaleToZero",
+                    "scaling.minReplicas may be 0 only with scaling.scaleToZero: true",
+                ),
+            ]
+        }
+    )
+
+    mode: Mode = Field(default=Mode.auto, description="Auto applies decisions; Preview only reports them.")
+    min_replicas: int = Field(default=1, ge=0, le=10000, description="Fewest serving replicas.")
+    max_replicas: int = Field(default=10, ge=1, le=10000, description="Most serving replicas.")
+    signal: Signal = Field(default=Signal.requests_per_second)
+    target_per_replica: float = Field(
+        default=2.0, description="Signal one serving replica handles within the latency SLO."
+    )
+    latency_slo_ms: float | None = Field(default=None, description="End-to-end latency budget (p90).")
+    forecasting: ForecastingSpec = Field(default_factory=ForecastingSpec, json_schema_extra={"default": {}})
+    warm_pool: WarmPoolSpec = Field(default_factory=WarmPoolSpec, json_schema_extra={"default": {}})
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=86400)
+    scale_to_zero: bool = False
+    interval_seconds: float = Field(
+        default=15.0, ge=1.0, le=600.0, description="Autoscaling loop period (decision interval)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("scaling.minReplicas must be <= scaling.maxReplicas")
+        if not self.target_per_replica > 0:
+            raise ValueError(
+                "scaling.targetPerReplica must be > 0 (the signal one serving replica handles within the SLO)"
+            )
+        if self.latency_slo_ms is not None and not self.latency_slo_ms > 0:
+            raise ValueError("scaling.latencySloMs (the latency budget) must be > 0")
+        if self.min_replicas < 1 and not self.scale_to_zero:
+            raise ValueError("scaling.minReplicas may be 0 only with scaling.scaleToZero: true")
+        return self
+
+
+class PrometheusQueries(_Model):
+    """PromQL overrides. `$namespace` and `$endpoint` are substituted; each must return one number."""
+
+    rate: str | None = Field(default=None, description="Requests/s arriving (signal requestsPerSecond).")
+    tokens: str | None = Field(default=None, description="Tokens/s (signal tokensPerSecond).")
+    concurrency: str | None = Field(default=None, description="Requests in flight (signal concurrency).")
+    queue: str | None = Field(default=None, description="Requests waiting for a slot.")
+    latency: str | None = Field(default=None, description="p90 end-to-end latency in seconds.")
+
+
+class PrometheusSpec(_Model):
+    url: str | None = Field(default=None, description="Override the operator's --prometheus-url.")
+    window: str = Field(default="1m", pattern=r"^[0-9]+(ms|s|m|h)$", description="Stable rate window.")
+    panic_window: str = Field(
+        default="20s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Short window for the panic signal."
+    )
+    queries: PrometheusQueries = Field(default_factory=PrometheusQueries, json_schema_extra={"default": {}})
+
+
+class InferenceEndpointSpec(_Model):
+    model: ModelSpec
+    accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec, json_schema_extra={"default": {}})
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
+    server: ServerSpec = Field(default_factory=ServerSpec, json_schema_extra={"default": {}})
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, json_schema_extra={"default": {}})
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, json_schema_extra={"default": {}})
+
+
+def parse_spec(raw: dict[str, Any]) -> InferenceEndpointSpec:
+    """Validate a CR's `.spec`; raises pydantic.ValidationError with field paths on bad input."""
+    return InferenceEndpointSpec.model_validate(raw or {})
+
+
+def describe_error(exc: Exception) -> str:
+    """One readable line for a spec error: what users see in the Ready condition and the Event."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        parts = []
+        for err in errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
+            msg = str(err.get("msg", "")).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}" if loc else msg)
+        return "; ".join(parts)
+    return str(exc)

@@ -7,7 +7,7 @@ is the command line.
 
 from .endpoints import EndpointSliceWatcher, EndpointSource, StaticEndpoints, check_loopback
 from .replay import ReplayConfig, Replayer, RequestRecord, percentile, summarize
-from .schedule import Arrival, TokenShaping, from_rate_series, from_requests, offered_rate
+from .schedule import Arrival, TokenShaping, from_rate_series, from_requests, from_trace, offered_rate
 
 __all__ = [
     "Arrival",
@@ -21,6 +21,7 @@ __all__ = [
     "check_loopback",
     "from_rate_series",
     "from_requests",
+    "from_trace",
     "offered_rate",
     "percentile",
     "summarize",

@@ -101,7 +101,7 @@ def from_requests(
             # copies beyond the first land within a second of trace time of the original
             jitter = 0.0 if c == 0 else float(rng.uniform(0.0, 1.0)) / compress
             out.append(
-                Arrival(base + jitter, shaping.prompt(context_tokens[i]), shaping.output(generated_tokens[i]))
+                Arrival(float(base + jitter), shaping.prompt(context_tokens[i]), shaping.output(generated_tokens[i]))
             )
     out.sort(key=lambda a: a.t_s)
     return out
@@ -173,3 +173,35 @@ def offered_rate(arrivals: Sequence[Arrival], bin_s: float = 1.0) -> tuple[np.nd
         edges = np.array([0.0, bin_s])
     counts, _ = np.histogram([a.t_s for a in arrivals], bins=edges)
     return edges[:-1], counts / bin_s
+
+
+def from_trace(
+    trace: object,
+    *,
+    compress: float,
+    rate_scale: float = 1.0,
+    start_s: float | None = None,
+    duration_s: float | None = None,
+    shaping: TokenShaping | None = None,
+    seed: int = 0,
+) -> list[Arrival]:
+    """Schedule a trace read by `preheat.sim.traces.load_trace` (per-request or per-window series).
+
+    `start_s` and `duration_s` are in trace time: seconds from the first request for per-request
+    traces, the series' own `t_s` for window series.
+    """
+    kind = getattr(trace, "kind", None)
+    if kind == "requests":
+        n = len(trace.arrival_s)  # type: ignore[attr-defined]
+        ctx = trace.input_tokens if trace.input_tokens is not None else np.full(n, 512.0)  # type: ignore[attr-defined]
+        gen = trace.output_tokens if trace.output_tokens is not None else np.full(n, 16.0)  # type: ignore[attr-defined]
+        return from_requests(
+            trace.arrival_s, ctx, gen, compress=compress, rate_scale=rate_scale,  # type: ignore[attr-defined]
+            start_s=start_s, duration_s=duration_s, shaping=shaping, seed=seed,
+        )
+    if kind == "series":
+        return from_rate_series(
+            trace.t_s, trace.rate_rps, compress=compress, rate_scale=rate_scale,  # type: ignore[attr-defined]
+            window_s=trace.window_s, start_s=start_s, duration_s=duration_s, seed=seed,  # type: ignore[attr-defined]
+        )
+    raise ValueError(f"not a trace from preheat.sim.traces.load_trace: {type(trace).__name__}")

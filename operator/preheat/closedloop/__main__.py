@@ -1,0 +1,132 @@
+"""`python -m preheat.closedloop`: run the preheat vs reactive-only comparison on a cluster.
+
+Writes the JSON (`--out`), a PNG (`--plot`) and prints live progress plus a one-line summary.
+Without `--kubeconfig` it uses the local cluster in `--cluster-state` (default `.cluster`), whose
+Prometheus also scrapes the operator's /metrics through file service discovery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from preheat.loadgen import from_trace
+
+from .experiment import MODES, LoopConfig, compare
+from .plot import plot_comparison
+
+# The default workload: ServeGen m-small, day 2 from 03:30 for 8 hours: the overnight trough, then
+# the morning ramp (~2.7x). 240x compression plays it in 120 s; 1 % of the real rate keeps the peak
+# at a few replicas of the tiny model on two shared cores.
+DEFAULT_TRACE = "../shared/traces/servegen_m-small_10min.csv"
+DEFAULT_START_S = 86400 + 3.5 * 3600
+DEFAULT_DURATION_S = 8 * 3600
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m preheat.closedloop", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--kubeconfig", type=Path, help="cluster to use (default: the local cluster's)")
+    p.add_argument("--prometheus-url", help="Prometheus the operator queries (default: the local cluster's)")
+    p.add_argument("--cluster-state", type=Path, default=Path(".cluster"), help="local cluster state dir")
+    p.add_argument("--trace", type=Path, default=Path(DEFAULT_TRACE), help="any trace preheat.sim.traces reads")
+    p.add_argument("--start-s", type=float, default=DEFAULT_START_S, help="slice start, trace seconds")
+    p.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S, help="slice length, trace seconds")
+    p.add_argument("--compress", type=float, default=240.0, help="time compression factor")
+    p.add_argument("--rate-scale", type=float, default=0.01, help="multiply the trace's request rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: preheat, reactive")
+    p.add_argument("--target-per-replica", type=float, default=3.0, help="requests/s one serving replica takes")
+    p.add_argument("--max-replicas", type=int, default=5)
+    p.add_argument("--slo-ms", type=float, default=1500.0, help="end-to-end latency budget per request")
+    p.add_argument("--interval-s", type=float, default=3.0, help="the operator's decision interval")
+    p.add_argument("--max-num-seqs", type=int, default=2, help="model-server slots per replica")
+    p.add_argument("--max-queue", type=int, default=8, help="model-server queue bound (429 beyond)")
+    p.add_argument("--out", type=Path, default=Path("bench-results/closedloop.json"))
+    p.add_argument("--plot", type=Path, default=Path("bench-results/closedloop.png"))
+    p.add_argument("--work-dir", type=Path, default=Path(".closedloop"), help="operator logs")
+    return p
+
+
+def summary_line(headline: dict) -> str:
+    """The one line a demo ends with."""
+    parts = []
+    for mode, h in headline.items():
+        att = h.get("slo_attainment")
+        rs = h.get("replica_seconds")
+        lead = h.get("mean_capacity_lead_s")
+        parts.append(
+            f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}, "
+            f"{'-' if rs is None else f'{rs:.0f}'} replica-s, "
+            f"{h.get('cold_starts_hidden')} cold starts hidden by {h.get('promotions')} promotions, "
+            f"capacity lead {'-' if lead is None else f'{lead:+.0f} s'}"
+        )
+    return " | ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        print(f"error: --modes must be a comma-separated subset of {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    register = unregister = None
+    kubeconfig, prom = args.kubeconfig, args.prometheus_url
+    if kubeconfig is None or prom is None:
+        from preheat_cluster import LocalCluster
+
+        cluster = LocalCluster(state_dir=args.cluster_state)
+        if not cluster.kubeconfig.exists():
+            print(f"error: no --kubeconfig and no local cluster in {args.cluster_state} "
+                  "(run `python -m preheat_cluster up`)", file=sys.stderr)
+            return 2
+        kubeconfig = kubeconfig or cluster.kubeconfig
+        prom = prom or cluster.prometheus_url
+        register, unregister = cluster.register_scrape_target, cluster.unregister_scrape_target
+
+    from preheat.sim.traces import TraceError, load_trace
+
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # the reader rebases every trace to start at 0, so the slice is in seconds from the trace's start
+    start = args.start_s
+    arrivals = from_trace(trace, compress=args.compress, rate_scale=args.rate_scale, start_s=start,
+                          duration_s=args.duration_s, seed=args.seed)
+    if not arrivals:
+        print("error: the trace slice holds no requests (check --start-s / --duration-s)", file=sys.stderr)
+        return 2
+    workload = {"trace": str(args.trace), "start_s": start, "duration_s": args.duration_s,
+                "compress": args.compress, "rate_scale": args.rate_scale, "seed": args.seed,
+                "requests": len(arrivals), "replay_s": arrivals[-1].t_s}
+    cfg = LoopConfig(
+        kubeconfig=Path(kubeconfig), prometheus_url=str(prom), out_dir=args.work_dir,
+        target_per_replica=args.target_per_replica, max_replicas=args.max_replicas, slo_ms=args.slo_ms,
+        interval_s=args.interval_s, max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
+        register_target=register, unregister_target=unregister, progress=lambda m: print(m, flush=True),
+    )
+    print(f"closed loop: {len(arrivals)} requests over {arrivals[-1].t_s:.0f} s per mode, modes {', '.join(modes)}",
+          flush=True)
+    t0 = time.monotonic()
+    comp = asyncio.run(compare(cfg, arrivals, modes, workload))
+    out = comp.to_json()
+    out["wall_s"] = time.monotonic() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1, default=float))
+    plot_comparison(out, args.plot, cfg.target_per_replica)
+    print(f"wrote {args.out} and {args.plot}")
+    print("SUMMARY " + summary_line(out["headline"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

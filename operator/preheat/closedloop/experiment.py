@@ -1,0 +1,392 @@
+"""Run the closed loop on a real cluster: endpoint + operator + trace replay, once per scaling mode.
+
+One run of `compare()` plays the same schedule twice, sequentially, against the same operator code:
+
+* `preheat`: forecasting on and a warm pool (pre-scale ahead of the forecast, promote warm pods);
+* `reactive`: forecasting off and no warm pool: scale on observed load only, so every added replica
+  is a cold start — what an HPA/KPA-style autoscaler gives.
+
+For each mode it creates a namespace, starts `preheat operator` scoped to it (its /metrics
+registered as a Prometheus scrape target when the cluster offers that), applies an
+InferenceEndpoint, waits for the first replicas, replays the schedule against the serving pods
+(EndpointSlice), samples status and pods every few seconds, then deletes everything it created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from preheat.loadgen import Arrival, EndpointSliceWatcher, ReplayConfig, Replayer, offered_rate, summarize
+
+from . import metrics as M
+from .sampler import GROUP, PLURAL, VERSION, Sampler
+
+log = logging.getLogger(__name__)
+
+MODES = ("preheat", "reactive")
+
+
+@dataclass
+class LoopConfig:
+    """Sizing of the endpoint and the experiment for a small shared machine (see docs/closedloop.md)."""
+
+    kubeconfig: Path
+    prometheus_url: str
+    out_dir: Path
+    endpoint: str = "tiny"
+    model: str = "tiny"
+    target_per_replica: float = 3.0
+    min_replicas: int = 1
+    max_replicas: int = 5
+    warm_pool_min: int = 1
+    warm_pool_max: int = 2
+    interval_s: float = 3.0
+    scale_down_stabilization_s: int = 60
+    slo_ms: float = 1500.0
+    max_num_seqs: int = 2
+    max_queue: int = 8
+    window: str = "20s"
+    panic_window: str = "10s"
+    sample_interval_s: float = 2.0
+    ready_timeout_s: float = 240.0
+    queue_timeout_s: float = 10.0
+    teardown_timeout_s: float = 90.0
+    operator_cmd: Sequence[str] = (sys.executable, "-m", "preheat", "operator")
+    register_target: Callable[[str, str, dict], Any] | None = None
+    unregister_target: Callable[[str], Any] | None = None
+    progress: Callable[[str], None] | None = None
+    progress_every_s: float = 5.0
+
+
+def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
+    """The InferenceEndpoint for one mode. Only forecasting and the warm pool differ between modes."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    preheat = mode == "preheat"
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": cfg.endpoint, "labels": {"preheat.dev/experiment": f"closedloop-{mode}"}},
+        "spec": {
+            "model": {"builtin": cfg.model},
+            "server": {"maxNumSeqs": cfg.max_num_seqs, "maxQueue": cfg.max_queue, "drainTimeoutSeconds": 5},
+            "scaling": {
+                "minReplicas": cfg.min_replicas,
+                "maxReplicas": cfg.max_replicas,
+                "signal": "requestsPerSecond",
+                "targetPerReplica": cfg.target_per_replica,
+                "latencySloMs": cfg.slo_ms,
+                "intervalSeconds": cfg.interval_s,
+                "scaleDownStabilizationSeconds": cfg.scale_down_stabilization_s,
+                "forecasting": {"enabled": preheat},
+                "warmPool": {"min": cfg.warm_pool_min if preheat else 0, "max": cfg.warm_pool_max if preheat else 0},
+            },
+            "prometheus": {"url": cfg.prometheus_url, "window": cfg.window, "panicWindow": cfg.panic_window},
+        },
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    """`preheat operator` as a real subprocess scoped to one namespace; its log goes to a file."""
+
+    def __init__(self, cfg: LoopConfig, namespace: str, mode: str, log_path: Path):
+        self.cfg, self.namespace, self.mode, self.log_path = cfg, namespace, mode, log_path
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        argv = [*self.cfg.operator_cmd, "--namespace", self.namespace, "--metrics-port", str(self.metrics_port),
+                "--prometheus-url", self.cfg.prometheus_url]
+        if self.mode == "reactive" and _operator_supports("--reactive-only", self.cfg.operator_cmd):
+            argv.append("--reactive-only")
+        return argv
+
+    def start(self) -> None:
+        env = dict(os.environ, KUBECONFIG=str(self.cfg.kubeconfig), PYTHONUNBUFFERED="1")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logf:
+            # its own process group, so stop() reaches anything it spawns and nothing else
+            self.proc = subprocess.Popen(self.argv(), env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if not self.proc or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+_HELP_CACHE: dict[tuple[str, ...], str] = {}
+
+
+def _operator_supports(flag: str, cmd: Sequence[str]) -> bool:
+    key = tuple(cmd)
+    if key not in _HELP_CACHE:
+        try:
+            _HELP_CACHE[key] = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            _HELP_CACHE[key] = ""
+    return flag in _HELP_CACHE[key]
+
+
+def _parse_time(v: Any) -> float | None:
+    if not v:
+        return None
+    try:
+        return dt.datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def decisions(samples: Sequence[M.Sample], t0_wall: float) -> list[dict]:
+    """Distinct `status.lastDecision` values seen, on the experiment clock."""
+    seen: dict[str, dict] = {}
+    for s in samples:
+        d = s.status.get("lastDecision") or {}
+        key = json.dumps(d, sort_keys=True, default=str)
+        if d and key not in seen:
+            t = _parse_time(d.get("time"))
+            seen[key] = {**d, "t_s": (t - t0_wall) if t is not None else s.t_s}
+    return sorted(seen.values(), key=lambda d: d["t_s"])
+
+
+def promotion_delays(proms: Sequence[dict], decs: Sequence[dict]) -> list[float]:
+    """Seconds from the decision before each promotion to the promotion being seen in a sample."""
+    out = []
+    for p in proms:
+        before = [d["t_s"] for d in decs if d["t_s"] <= p["t_s"]]
+        if before:
+            out.append(p["t_s"] - before[-1])
+    return out
+
+
+async def _wait_ready(cfg: LoopConfig, core: Any, namespace: str, want: int, operator: OperatorProcess) -> float:
+    """Wait until `want` pods of the endpoint are Ready and one serves; returns seconds waited."""
+    t0 = time.monotonic()
+    sel = f"preheat.dev/endpoint={cfg.endpoint}"
+    while True:
+        pods = (await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=sel)).items
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+        serving = [p for p in ready if (p.metadata.labels or {}).get("preheat.dev/role") == "serving"]
+        if len(ready) >= want and serving:
+            return time.monotonic() - t0
+        if not operator.alive():
+            raise RuntimeError(f"preheat operator exited early; see {operator.log_path}")
+        if time.monotonic() - t0 > cfg.ready_timeout_s:
+            raise TimeoutError(
+                f"{len(ready)}/{want} pods Ready ({len(serving)} serving) after {cfg.ready_timeout_s:g} s in {namespace}"
+            )
+        await asyncio.sleep(1.0)
+
+
+async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival]) -> dict:
+    """One closed-loop run in a fresh namespace; returns its figures (and keeps raw data for the plot)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(cfg.kubeconfig))
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    namespace = f"closedloop-{mode}-{secrets.token_hex(3)}"
+    say = cfg.progress or (lambda m: log.info("%s", m))
+    await asyncio.to_thread(core.create_namespace, {"metadata": {"name": namespace, "labels": {"preheat.dev/experiment": "closedloop"}}})
+    operator = OperatorProcess(cfg, namespace, mode, cfg.out_dir / f"operator-{mode}.log")
+    target = f"closedloop-operator-{namespace}"
+    sampler = Sampler(api, namespace, cfg.endpoint, cfg.sample_interval_s)
+    result: dict[str, Any] = {"mode": mode, "namespace": namespace}
+    try:
+        operator.start()
+        if cfg.register_target:
+            cfg.register_target(target, f"127.0.0.1:{operator.metrics_port}", {"job": "preheat-operator", "mode": mode})
+        await asyncio.to_thread(custom.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                                endpoint_manifest(cfg, mode))
+        want = cfg.min_replicas + (cfg.warm_pool_min if mode == "preheat" else 0)
+        say(f"[{mode}] waiting for {want} Ready pod(s) in {namespace}")
+        result["startup_s"] = await _wait_ready(cfg, core, namespace, want, operator)
+        say(f"[{mode}] ready after {result['startup_s']:.0f} s; replaying {len(arrivals)} requests")
+
+        replay_cfg = ReplayConfig(slo_s=cfg.slo_ms / 1000, queue_timeout_s=cfg.queue_timeout_s,
+                                  max_duration_s=max(a.t_s for a in arrivals) + 1 if arrivals else 1)
+        async with EndpointSliceWatcher(None, namespace, cfg.endpoint, port_name="http", api_client=api) as eps:
+            replayer = Replayer(eps, replay_cfg)
+            t0_wall = time.time()
+            sampler.start(t0_wall)
+            reporter = asyncio.create_task(_report(cfg, mode, replayer, sampler, say))
+            try:
+                records = await replayer.run(arrivals)
+            finally:
+                reporter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporter
+            await asyncio.to_thread(sampler.sample_once)
+            await sampler.stop()
+        t_end = max((r.done_s or 0) for r in records) if records else 0.0
+        result.update(analyse(cfg, records, sampler.samples, arrivals, t_end, t0_wall))
+        result["operator_alive_at_end"] = operator.alive()
+    finally:
+        await sampler.stop()
+        await _teardown(cfg, core, custom, namespace, operator)
+        if cfg.unregister_target:
+            with contextlib.suppress(Exception):
+                cfg.unregister_target(target)
+        api.close()
+    return result
+
+
+async def _report(cfg: LoopConfig, mode: str, replayer: Replayer, sampler: Sampler, say: Callable[[str], None]) -> None:
+    """Live progress: one line every few seconds."""
+    while True:
+        await asyncio.sleep(cfg.progress_every_s)
+        w = replayer.window_stats(10.0)
+        s = sampler.samples[-1] if sampler.samples else None
+        st = s.status if s else {}
+        p99 = w["p99_latency_s"]
+        slo = w["slo_attainment"]
+
+        def num(v: Any) -> str:
+            return "-" if v is None else f"{float(v):.1f}"
+
+        say(
+            f"[{mode}] t={w['t_s']:5.0f}s offered={w['offered_rps']:5.1f} rps  observed={num(st.get('observedRate'))}"
+            f"  forecast={num(st.get('forecastRate'))}  serving={s.serving_ready if s else '-'}"
+            f" warm={s.warm_ready if s else '-'} starting={s.starting if s else '-'}"
+            f"  p99={'-' if p99 is None else f'{p99 * 1000:.0f}ms'}  slo={'-' if slo is None else f'{slo:.0%}'}"
+        )
+
+
+async def _teardown(cfg: LoopConfig, core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    """Delete the endpoint (while the operator still runs), stop the operator, delete the namespace."""
+    with contextlib.suppress(Exception):
+        await asyncio.to_thread(custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, cfg.endpoint)
+    t0 = time.monotonic()
+    sel = f"preheat.dev/endpoint={cfg.endpoint}"
+    while time.monotonic() - t0 < cfg.teardown_timeout_s:
+        try:
+            if not (await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=sel)).items:
+                break
+        except Exception:
+            break
+        await asyncio.sleep(1.0)
+    operator.stop()
+    with contextlib.suppress(Exception):
+        await asyncio.to_thread(core.delete_namespace, namespace)
+
+
+def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arrivals: Sequence[Arrival],
+            t_end: float, t0_wall: float) -> dict:
+    """Every figure of one mode's run (JSON-able), plus the series the plot draws."""
+    summary = summarize(records, cfg.slo_ms / 1000)
+    off_t, off_r = offered_rate(arrivals, 1.0)
+    need_t, need = M.need_series(off_t, off_r, cfg.target_per_replica)
+    proms = M.promotions(samples)
+    decs = decisions(samples, t0_wall)
+    rs = M.replica_seconds(samples, 0.0, t_end)
+    lead = M.capacity_lead(samples, need_t, need, min_level=2)
+    vt, vc = M.violations_per_bin(records, 5.0, t_end)
+    return {
+        "slo": summary,
+        "slo_attainment": summary["slo_attainment"],
+        "p50_latency_s": summary["p50_latency_s"],
+        "p99_latency_s": summary["p99_latency_s"],
+        "replica_seconds": rs,
+        "promotions": len(proms),
+        "cold_starts_hidden": sum(1 for p in proms if p["hid_cold_start"]),
+        "promotion_events": proms,
+        "promotion_delay_s": promotion_delays(proms, decs),
+        "decisions": decs,
+        "capacity_lead": lead,
+        "cold_start_s": M.cold_start_seconds(samples),
+        "max_serving": max((s.serving_ready for s in samples), default=0),
+        "metrics_available": any(
+            c.get("type") == "MetricsAvailable" and c.get("status") == "True"
+            for s in samples for c in (s.status.get("conditions") or [])
+        ),
+        "observed_rate_max": max((float(s.status.get("observedRate") or 0) for s in samples), default=0.0),
+        "series": {
+            "offered_t": off_t.tolist(), "offered_rps": off_r.tolist(), "need": need.tolist(),
+            "sample_t": [s.t_s for s in samples],
+            "serving": [s.serving_ready for s in samples],
+            "warm": [s.warm_ready for s in samples],
+            "starting": [s.starting for s in samples],
+            "observed": [_f(s.status.get("observedRate")) for s in samples],
+            "forecast": [_f(s.status.get("forecastRate")) for s in samples],
+            "violations_t": vt.tolist(), "violations": vc.tolist(),
+        },
+    }
+
+
+def _f(v: Any) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class Comparison:
+    modes: dict[str, dict] = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    workload: dict = field(default_factory=dict)
+
+    def headline(self) -> dict:
+        """Per mode: the numbers a reader compares first."""
+        out = {}
+        for mode, r in self.modes.items():
+            leads = [x["lead_s"] for x in r.get("capacity_lead", []) if np.isfinite(x["lead_s"])]
+            out[mode] = {
+                "slo_attainment": r.get("slo_attainment"),
+                "p50_latency_s": r.get("p50_latency_s"),
+                "p99_latency_s": r.get("p99_latency_s"),
+                "replica_seconds": r.get("replica_seconds", {}).get("total"),
+                "promotions": r.get("promotions"),
+                "cold_starts_hidden": r.get("cold_starts_hidden"),
+                "mean_capacity_lead_s": float(np.mean(leads)) if leads else None,
+                "max_serving": r.get("max_serving"),
+            }
+        return out
+
+    def to_json(self) -> dict:
+        return {"headline": self.headline(), "config": self.config, "workload": self.workload, "modes": self.modes}
+
+
+async def compare(cfg: LoopConfig, arrivals: Sequence[Arrival], modes: Sequence[str] = MODES,
+                  workload: dict | None = None) -> Comparison:
+    """Run every mode on the same schedule, one after the other."""
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    skip = {"register_target", "unregister_target", "progress", "kubeconfig"}
+    conf = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in skip}
+    conf = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in conf.items()}
+    comp = Comparison(config=conf, workload=workload or {})
+    for mode in modes:
+        comp.modes[mode] = await run_mode(cfg, mode, arrivals)
+    return comp

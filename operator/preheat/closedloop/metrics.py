@@ -1,0 +1,160 @@
+"""Pure figures of a closed-loop run: replica-seconds, capacity lead on the ramp, hidden cold starts.
+
+Inputs are plain values recorded by the sampler (one `Sample` every few seconds, each holding the
+endpoint's pods with their role and readiness) and the offered load of the replay schedule, so every
+figure here is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One model-server pod as seen at a sample."""
+
+    uid: str
+    name: str
+    role: str  # "serving" | "warm" | "" (no label yet)
+    ready: bool
+    created_s: float  # on the experiment's clock (seconds since the replay started; may be < 0)
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the sampler saw at `t_s` (seconds since the replay started)."""
+
+    t_s: float
+    pods: tuple[PodView, ...] = ()
+    status: dict = field(default_factory=dict)  # the InferenceEndpoint's .status
+
+    @property
+    def serving_ready(self) -> int:
+        return sum(1 for p in self.pods if p.role == "serving" and p.ready and not p.deleting)
+
+    @property
+    def warm_ready(self) -> int:
+        return sum(1 for p in self.pods if p.role != "serving" and p.ready and not p.deleting)
+
+    @property
+    def starting(self) -> int:
+        return sum(1 for p in self.pods if not p.ready and not p.deleting)
+
+
+def replica_seconds(samples: Sequence[Sample], t_start: float, t_end: float) -> dict[str, float]:
+    """Replica-seconds paid for in [t_start, t_end], from pod lifetimes, split by what the pod was.
+
+    A pod is paid for from its creation (it holds a node's resources while it loads) until the last
+    sample that still saw it; each interval between samples is charged to the state the pod was in
+    at its start (serving, warm or starting). Total = serving + warm + starting.
+    """
+    out = {"serving": 0.0, "warm": 0.0, "starting": 0.0}
+    ordered = sorted(samples, key=lambda s: s.t_s)
+    for a, b in itertools.pairwise(ordered):
+        lo, hi = max(a.t_s, t_start), min(b.t_s, t_end)
+        if hi <= lo:
+            continue
+        for p in a.pods:
+            lo_p = max(lo, p.created_s)
+            if hi <= lo_p:
+                continue
+            kind = "starting" if not p.ready else ("serving" if p.role == "serving" else "warm")
+            out[kind] += hi - lo_p
+    out["total"] = out["serving"] + out["warm"] + out["starting"]
+    return out
+
+
+def promotions(samples: Sequence[Sample]) -> list[dict]:
+    """Warm → serving relabels seen between consecutive samples.
+
+    A promotion *hid a cold start* when the pod had already been Ready in the warm pool at an
+    earlier sample: the capacity was added by a relabel, and nobody waited for the model to load.
+    When the pod became Ready and serving in the same sample interval (the pool was empty, so a
+    fresh pod went straight in), the cold start was not hidden.
+    """
+    out: list[dict] = []
+    ordered = sorted(samples, key=lambda s: s.t_s)
+    warm_ready_since: dict[str, float] = {}
+    prev_role: dict[str, str] = {}
+    for s in ordered:
+        for p in s.pods:
+            before = prev_role.get(p.uid)
+            if p.role == "serving" and before is not None and before != "serving":
+                out.append(
+                    {
+                        "t_s": s.t_s,
+                        "pod": p.name,
+                        "hid_cold_start": p.uid in warm_ready_since,
+                        "waited_warm_s": (s.t_s - warm_ready_since[p.uid]) if p.uid in warm_ready_since else 0.0,
+                    }
+                )
+            if p.role != "serving" and p.ready:
+                warm_ready_since.setdefault(p.uid, s.t_s)
+            elif p.role == "serving":
+                warm_ready_since.pop(p.uid, None)
+            prev_role[p.uid] = p.role
+    return out
+
+
+def cold_start_seconds(samples: Sequence[Sample]) -> list[float]:
+    """Creation → first Ready sample, per pod that became Ready (an upper bound by one sample period)."""
+    first_ready: dict[str, float] = {}
+    created: dict[str, float] = {}
+    for s in sorted(samples, key=lambda s: s.t_s):
+        for p in s.pods:
+            created.setdefault(p.uid, p.created_s)
+            if p.ready:
+                first_ready.setdefault(p.uid, s.t_s)
+    return [first_ready[u] - created[u] for u in first_ready if first_ready[u] - created[u] > 0]
+
+
+def need_series(offered_t: np.ndarray, offered_rps: np.ndarray, target_per_replica: float,
+                smooth_s: float = 10.0) -> tuple[np.ndarray, np.ndarray]:
+    """Serving replicas the offered load needs: ceil(rate over a trailing `smooth_s` / target)."""
+    if target_per_replica <= 0:
+        raise ValueError("target_per_replica must be > 0")
+    if offered_t.size == 0:
+        return offered_t, offered_t
+    step = float(offered_t[1] - offered_t[0]) if offered_t.size > 1 else 1.0
+    k = max(1, round(smooth_s / step))
+    smooth = np.convolve(offered_rps, np.ones(k) / k, mode="full")[: offered_rps.size]
+    # the first k bins average over fewer real bins
+    counts = np.minimum(np.arange(1, offered_rps.size + 1), k)
+    smooth = smooth * k / counts
+    return offered_t, np.ceil(smooth / target_per_replica - 1e-9)
+
+
+def capacity_lead(
+    samples: Sequence[Sample], need_t: np.ndarray, need: np.ndarray, min_level: int = 2
+) -> list[dict]:
+    """For each replica count k the load comes to need (k ≥ min_level): when it first needed k
+    serving replicas, when k were first serving and Ready, and the lead (positive = capacity was in
+    place before the demand arrived; negative = demand waited).
+    """
+    ordered = sorted(samples, key=lambda s: s.t_s)
+    out = []
+    peak = int(need.max()) if need.size else 0
+    for k in range(min_level, peak + 1):
+        idx = np.flatnonzero(need >= k)
+        if idx.size == 0:
+            continue
+        t_need = float(need_t[idx[0]])
+        have = [s.t_s for s in ordered if s.serving_ready >= k]
+        t_have = have[0] if have else math.inf
+        out.append({"replicas": k, "t_need_s": t_need, "t_have_s": t_have, "lead_s": t_need - t_have})
+    return out
+
+
+def violations_per_bin(records: Sequence, bin_s: float, t_end: float) -> tuple[np.ndarray, np.ndarray]:
+    """SLO misses per bin of scheduled time (for the plot)."""
+    edges = np.arange(0.0, max(t_end, bin_s) + bin_s, bin_s)
+    misses = [r.scheduled_s for r in records if not r.slo_met]
+    counts, _ = np.histogram(misses, bins=edges)
+    return edges[:-1], counts

@@ -1,0 +1,112 @@
+"""Closed-loop figures computed from recorded samples: replica-seconds, promotions, capacity lead."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from preheat.closedloop import PodView, Sample, endpoint_manifest
+from preheat.closedloop import metrics as M
+from preheat.closedloop.experiment import LoopConfig, decisions, promotion_delays
+from preheat.loadgen import RequestRecord
+
+
+def pod(uid: str, role: str, ready: bool, created: float = 0.0, deleting: bool = False) -> PodView:
+    return PodView(uid=uid, name=f"p-{uid}", role=role, ready=ready, created_s=created, deleting=deleting)
+
+
+def test_replica_seconds_charge_each_interval_to_the_pod_state():
+    samples = [
+        Sample(0.0, (pod("a", "serving", True), pod("b", "warm", False, created=0.0))),
+        Sample(10.0, (pod("a", "serving", True), pod("b", "warm", True))),
+        Sample(20.0, (pod("a", "serving", True), pod("b", "serving", True))),
+        Sample(30.0, (pod("a", "serving", True),)),
+    ]
+    rs = M.replica_seconds(samples, 0.0, 30.0)
+    # a: serving 30 s; b: starting 10 s, warm 10 s, serving 10 s, then gone
+    assert rs["serving"] == pytest.approx(40.0)
+    assert rs["warm"] == pytest.approx(10.0)
+    assert rs["starting"] == pytest.approx(10.0)
+    assert rs["total"] == pytest.approx(60.0)
+    # a pod is charged only from its creation, and only inside the window
+    late = [Sample(0.0, (pod("c", "warm", False, created=4.0),)), Sample(10.0, ())]
+    assert M.replica_seconds(late, 0.0, 10.0)["starting"] == pytest.approx(6.0)
+    assert M.replica_seconds(samples, 0.0, 15.0)["total"] == pytest.approx(30.0)
+
+
+def test_promotion_of_a_pod_that_waited_warm_hides_a_cold_start():
+    samples = [
+        Sample(0.0, (pod("a", "serving", True), pod("w", "warm", True), pod("n", "warm", False))),
+        Sample(2.0, (pod("a", "serving", True), pod("w", "serving", True), pod("n", "warm", False))),
+        # n becomes Ready and is promoted in the same interval: the pool was empty, the user waited
+        Sample(4.0, (pod("a", "serving", True), pod("w", "serving", True), pod("n", "serving", True))),
+    ]
+    proms = M.promotions(samples)
+    assert [(p["pod"], p["hid_cold_start"]) for p in proms] == [("p-w", True), ("p-n", False)]
+    assert proms[0]["waited_warm_s"] == pytest.approx(2.0)
+
+
+def test_capacity_lead_is_positive_when_serving_replicas_precede_the_demand():
+    need_t = np.arange(0.0, 10.0)
+    need = np.array([1, 1, 1, 2, 2, 2, 3, 3, 3, 3], dtype=float)
+    early = [Sample(float(t), tuple(pod(str(i), "serving", True) for i in range(n)))
+             for t, n in [(0, 1), (1, 2), (4, 3)]]
+    late = [Sample(float(t), tuple(pod(str(i), "serving", True) for i in range(n)))
+            for t, n in [(0, 1), (5, 2), (9, 3)]]
+    lead_early = {x["replicas"]: x["lead_s"] for x in M.capacity_lead(early, need_t, need)}
+    lead_late = {x["replicas"]: x["lead_s"] for x in M.capacity_lead(late, need_t, need)}
+    assert lead_early == {2: 2.0, 3: 2.0}
+    assert lead_late == {2: -2.0, 3: -3.0}
+    never = M.capacity_lead([Sample(0.0, (pod("x", "serving", True),))], need_t, need)
+    assert all(math.isinf(x["lead_s"]) and x["lead_s"] < 0 for x in never)
+
+
+def test_warm_and_unready_pods_are_not_serving_capacity():
+    s = Sample(0.0, (pod("a", "serving", True), pod("b", "serving", False), pod("c", "warm", True),
+                     pod("d", "serving", True, deleting=True)))
+    assert (s.serving_ready, s.warm_ready, s.starting) == (1, 1, 1)
+
+
+def test_need_series_is_ceiling_of_smoothed_rate_over_target():
+    t = np.arange(0.0, 6.0)
+    rate = np.array([3.0, 3.0, 6.0, 6.0, 9.0, 9.0])
+    _, need = M.need_series(t, rate, target_per_replica=3.0, smooth_s=1.0)
+    assert need.tolist() == [1, 1, 2, 2, 3, 3]
+    _, smooth = M.need_series(t, rate, target_per_replica=3.0, smooth_s=2.0)
+    assert smooth.tolist() == [1, 1, 2, 2, 3, 3]  # first bin averages itself only
+    with pytest.raises(ValueError):
+        M.need_series(t, rate, target_per_replica=0)
+
+
+def test_cold_start_seconds_from_creation_to_first_ready_sample():
+    samples = [Sample(0.0, (pod("a", "warm", False, created=-3.0),)), Sample(2.0, (pod("a", "warm", True, created=-3.0),))]
+    assert M.cold_start_seconds(samples) == [5.0]
+
+
+def test_violations_count_misses_per_bin():
+    recs = [RequestRecord(0, 0.5, 4, 4, slo_met=True), RequestRecord(1, 1.5, 4, 4), RequestRecord(2, 6.0, 4, 4)]
+    t, c = M.violations_per_bin(recs, 5.0, 10.0)
+    assert t.tolist() == [0.0, 5.0] and c.tolist() == [1, 1]
+
+
+def test_promotion_delay_is_measured_from_the_preceding_decision():
+    t0 = 1_000_000.0
+    samples = [Sample(1.0, status={"lastDecision": {"time": "1970-01-12T13:46:41Z", "from": 1, "to": 2}}),
+               Sample(3.0, status={"lastDecision": {"time": "1970-01-12T13:46:41Z", "from": 1, "to": 2}})]
+    decs = decisions(samples, t0)
+    assert len(decs) == 1 and decs[0]["t_s"] == pytest.approx(1.0)
+    assert promotion_delays([{"t_s": 3.0}], decs) == [pytest.approx(2.0)]
+
+
+def test_modes_differ_only_in_forecasting_and_warm_pool(tmp_path):
+    cfg = LoopConfig(kubeconfig=tmp_path / "k", prometheus_url="http://127.0.0.1:9090", out_dir=tmp_path)
+    pre, rea = endpoint_manifest(cfg, "preheat"), endpoint_manifest(cfg, "reactive")
+    assert pre["spec"]["scaling"]["forecasting"] == {"enabled": True}
+    assert rea["spec"]["scaling"]["forecasting"] == {"enabled": False}
+    assert rea["spec"]["scaling"]["warmPool"] == {"min": 0, "max": 0}
+    for m in (pre, rea):
+        m["spec"]["scaling"].pop("forecasting"), m["spec"]["scaling"].pop("warmPool"), m["metadata"].pop("labels")
+    assert pre == rea
+    with pytest.raises(ValueError, match="mode"):
+        endpoint_manifest(cfg, "hpa")

@@ -196,8 +196,10 @@ def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None
 
 
 def initial_replicas(spec: InferenceEndpointSpec) -> int:
-    """Replicas at creation: the serving floor plus the warm pool's minimum."""
-    return spec.scaling.min_replicas + spec.scaling.warm_pool.min
+    """Replicas at creation: the serving floor plus the warm pool's minimum, within maxReplicas
+    (the policy bounds serving + warm by maxReplicas too)."""
+    s = spec.scaling
+    return max(s.min_replicas, min(s.max_replicas, s.min_replicas + s.warm_pool.min))
 
 
 def deployment(

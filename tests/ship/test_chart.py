@@ -129,12 +129,12 @@ def test_rbac_is_least_privilege(helm: str, sets: tuple[str, ...]) -> None:
         }
         assert cluster_resources == {"customresourcedefinitions", "namespaces"}
         assert sorted(p["metadata"]["namespace"] for p in by_kind(objs, "KopfPeering")) == ["chat", "ml"]
-        args = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        args = one(objs, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--namespace=ml" in args and "--namespace=chat" in args and "--all-namespaces" not in args
 
 
-def test_operator_deployment_shape(default_objects: list[dict]) -> None:
-    dep = one(default_objects, "Deployment")
+def test_operator_statefulset_shape(default_objects: list[dict]) -> None:
+    dep = one(default_objects, "StatefulSet")
     spec = dep["spec"]
     assert spec["replicas"] == 2
     pod = spec["template"]["spec"]

@@ -104,7 +104,7 @@ def test_architecture_table_matches_dockerfiles() -> None:
 
 def test_chart_runs_the_operator_image_as_the_node_agent_would() -> None:
     objs = helm_template(find_tool("helm"))
-    (container,) = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    (container,) = one(objs, "StatefulSet")["spec"]["template"]["spec"]["containers"]
     entrypoint, _ = entrypoint_and_cmd(DOCKERFILES["preheat/operator"])
     argv = ImageMap.load(IMAGE_MAP).argv(container["image"], container.get("command"), container["args"])
     assert Path(argv[0]).name == entrypoint[0]

@@ -99,14 +99,15 @@ def test_promotion_delay_is_measured_from_the_preceding_decision():
     assert promotion_delays([{"t_s": 3.0}], decs) == [pytest.approx(2.0)]
 
 
-def test_modes_differ_only_in_forecasting_and_warm_pool(tmp_path):
+def test_modes_share_the_endpoint_and_differ_in_the_operator_switch(tmp_path):
+    from preheat.closedloop.experiment import OperatorProcess
+    from preheat.controller.spec import parse_spec
+
     cfg = LoopConfig(kubeconfig=tmp_path / "k", prometheus_url="http://127.0.0.1:9090", out_dir=tmp_path)
     pre, rea = endpoint_manifest(cfg, "preheat"), endpoint_manifest(cfg, "reactive")
-    assert pre["spec"]["scaling"]["forecasting"] == {"enabled": True}
-    assert rea["spec"]["scaling"]["forecasting"] == {"enabled": False}
-    assert rea["spec"]["scaling"]["warmPool"] == {"min": 0, "max": 0}
-    for m in (pre, rea):
-        m["spec"]["scaling"].pop("forecasting"), m["spec"]["scaling"].pop("warmPool"), m["metadata"].pop("labels")
-    assert pre == rea
+    assert pre["spec"] == rea["spec"]
+    parse_spec(pre["spec"])  # the operator's own spec model accepts it
+    assert "--reactive-only" in OperatorProcess(cfg, "ns", "reactive", tmp_path / "log").argv()
+    assert "--reactive-only" not in OperatorProcess(cfg, "ns", "preheat", tmp_path / "log").argv()
     with pytest.raises(ValueError, match="mode"):
         endpoint_manifest(cfg, "hpa")

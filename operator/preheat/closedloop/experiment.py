@@ -76,16 +76,20 @@ class LoopConfig:
 
 
 def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
-    """The InferenceEndpoint for one mode. Only forecasting and the warm pool differ between modes."""
+    """The InferenceEndpoint of the run: the same in both modes.
+
+    Reactive-only is the operator's own switch (`preheat operator --reactive-only`: forecasts ignored,
+    no warm pool), so the two runs differ in nothing but the scaling mode.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    preheat = mode == "preheat"
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceEndpoint",
         "metadata": {"name": cfg.endpoint, "labels": {"preheat.dev/experiment": f"closedloop-{mode}"}},
         "spec": {
             "model": {"builtin": cfg.model},
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
             "server": {"maxNumSeqs": cfg.max_num_seqs, "maxQueue": cfg.max_queue, "drainTimeoutSeconds": 5},
             "scaling": {
                 "minReplicas": cfg.min_replicas,
@@ -95,8 +99,7 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
                 "latencySloMs": cfg.slo_ms,
                 "intervalSeconds": cfg.interval_s,
                 "scaleDownStabilizationSeconds": cfg.scale_down_stabilization_s,
-                "forecasting": {"enabled": preheat},
-                "warmPool": {"min": cfg.warm_pool_min if preheat else 0, "max": cfg.warm_pool_max if preheat else 0},
+                "warmPool": {"min": cfg.warm_pool_min, "max": cfg.warm_pool_max},
             },
             "prometheus": {"url": cfg.prometheus_url, "window": cfg.window, "panicWindow": cfg.panic_window},
         },
@@ -120,7 +123,7 @@ class OperatorProcess:
     def argv(self) -> list[str]:
         argv = [*self.cfg.operator_cmd, "--namespace", self.namespace, "--metrics-port", str(self.metrics_port),
                 "--prometheus-url", self.cfg.prometheus_url]
-        if self.mode == "reactive" and _operator_supports("--reactive-only", self.cfg.operator_cmd):
+        if self.mode == "reactive":
             argv.append("--reactive-only")
         return argv
 
@@ -146,19 +149,6 @@ class OperatorProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
-
-
-_HELP_CACHE: dict[tuple[str, ...], str] = {}
-
-
-def _operator_supports(flag: str, cmd: Sequence[str]) -> bool:
-    key = tuple(cmd)
-    if key not in _HELP_CACHE:
-        try:
-            _HELP_CACHE[key] = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            _HELP_CACHE[key] = ""
-    return flag in _HELP_CACHE[key]
 
 
 def _parse_time(v: Any) -> float | None:
@@ -192,6 +182,29 @@ def promotion_delays(proms: Sequence[dict], decs: Sequence[dict]) -> list[float]
     return out
 
 
+def ensure_crd(api: Any, timeout_s: float = 60.0) -> None:
+    """Install the InferenceEndpoint CRD (generated from the spec models) unless it is there already."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from preheat.controller.crd import build_crd
+
+    ext = client.ApiextensionsV1Api(api)
+    crd = build_crd()
+    try:
+        ext.create_custom_resource_definition(crd)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        obj = ext.read_custom_resource_definition(crd["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True" for c in (obj.status.conditions or [])):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"CRD {crd['metadata']['name']} not Established after {timeout_s:g} s")
+
+
 async def _wait_ready(cfg: LoopConfig, core: Any, namespace: str, want: int, operator: OperatorProcess) -> float:
     """Wait until `want` pods of the endpoint are Ready and one serves; returns seconds waited."""
     t0 = time.monotonic()
@@ -219,6 +232,7 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival]) -> d
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     namespace = f"closedloop-{mode}-{secrets.token_hex(3)}"
     say = cfg.progress or (lambda m: log.info("%s", m))
+    await asyncio.to_thread(ensure_crd, api)
     await asyncio.to_thread(core.create_namespace, {"metadata": {"name": namespace, "labels": {"preheat.dev/experiment": "closedloop"}}})
     operator = OperatorProcess(cfg, namespace, mode, cfg.out_dir / f"operator-{mode}.log")
     target = f"closedloop-operator-{namespace}"

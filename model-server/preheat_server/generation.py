@@ -1,0 +1,192 @@
+"""Text in, text out: tokenizes prompts, checks them against the context, runs them on the engine,
+applies stop strings and the completion cache. Knows nothing of HTTP or of OpenAI's JSON shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from preheat_server.async_engine import AsyncEngine
+from preheat_server.completion_cache import CachedGeneration, CacheKey, CompletionCache
+from preheat_server.metrics import ServerMetrics
+from preheat_server.text_stream import TextStream
+
+
+class InvalidRequestError(ValueError):
+    """The request cannot be served as asked (the HTTP layer answers 400 naming `param`)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request, ready for the engine."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+
+    @property
+    def cacheable(self) -> bool:
+        return self.temperature == 0.0
+
+    def cache_key(self) -> CacheKey:
+        return CompletionCache.key(self.prompt_token_ids, self.max_tokens, self.stop, self.stop_token_ids,
+                                   self.ignore_eos)
+
+
+@dataclass
+class Delta:
+    """New text of one request; `finish_reason` is set on the last one."""
+
+    text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A whole answer."""
+
+    text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: str
+    cached: bool = False
+
+
+_ids = itertools.count()
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}{next(_ids):x}"
+
+
+class GenerationService:
+    """Everything between a parsed API request and engine token ids."""
+
+    def __init__(self, loaded: Any, engine: AsyncEngine, cache: CompletionCache, metrics: ServerMetrics,
+                 sampling_params_cls: type) -> None:
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.engine = engine
+        self.cache = cache
+        self.metrics = metrics
+        self._sampling_params_cls = sampling_params_cls
+        self.max_model_len = int(loaded.config.max_position_embeddings)
+        self.vocab_size = int(loaded.config.vocab_size)
+
+    # ---- prompts ----
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            bad = next((t for t in prompt if t >= self.vocab_size), None)
+            if bad is not None:
+                raise InvalidRequestError(f"Token id {bad} is out of range: the vocabulary has {self.vocab_size} "
+                                          "tokens.", param="prompt", code="invalid_token_id")
+            ids = list(prompt)
+        if not ids:
+            raise InvalidRequestError("The prompt is empty after tokenization.", param="prompt")
+        return ids
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self.encode_prompt(self.tokenizer.apply_chat_template(messages))
+
+    def build(self, prompt_token_ids: list[int], *, max_tokens: int | None, temperature: float | None,
+              top_p: float | None, top_k: int | None, seed: int | None, stop: list[str], ignore_eos: bool,
+              chat: bool, id_prefix: str, param: str) -> GenerationRequest:
+        """Check the prompt against the context and fill defaults (no max_tokens: up to the context)."""
+        n_prompt = len(prompt_token_ids)
+        room = self.max_model_len - n_prompt
+        if room < 1:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens, but the prompt has "
+                f"{n_prompt} tokens, leaving no room to generate.", param=param, code="context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = room
+        elif n_prompt + max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                "Reduce the prompt or max_tokens.", param="max_tokens", code="context_length_exceeded")
+        # The engine always stops at the model's end-of-sequence ids (unless ignore_eos); a chat turn
+        # also ends at the template's end-of-turn marker, which some models do not list as EOS.
+        stop_ids = [int(t) for t in self.tokenizer.stop_token_ids] if chat and not ignore_eos else []
+        return GenerationRequest(
+            request_id=new_request_id(id_prefix), prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
+            temperature=1.0 if temperature is None else float(temperature),
+            top_p=1.0 if top_p is None else float(top_p),
+            top_k=0 if top_k is None or top_k < 1 else int(top_k), seed=seed, stop=stop,
+            stop_token_ids=stop_ids, ignore_eos=ignore_eos)
+
+    def _params(self, req: GenerationRequest) -> Any:
+        return self._sampling_params_cls(
+            max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+            seed=req.seed, stop_token_ids=tuple(req.stop_token_ids), ignore_eos=req.ignore_eos)
+
+    # ---- running ----
+
+    def check_admission(self) -> None:
+        self.engine.check_admission()
+
+    async def stream(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        """Text deltas as tokens come out; whole UTF-8 characters only, stop strings cut and never sent."""
+        text = TextStream(req.stop)
+        n_prompt = len(req.prompt_token_ids)
+        n_out = 0
+        gen = self.engine.generate(req.request_id, req.prompt_token_ids, self._params(req))
+        try:
+            async for out in gen:
+                n_out = out.num_output_tokens
+                piece = text.feed(self.tokenizer.decode_bytes(out.new_token_ids))
+                if text.stopped:
+                    # Found a stop string: end here, tell the engine to free the sequence now.
+                    self.engine.mark_stopped(req.request_id)
+                    yield Delta(piece, n_prompt, n_out, "stop")
+                    return
+                if out.finished:
+                    piece += text.finish()
+                    reason = out.finish_reason if out.finish_reason in ("stop", "length") else "stop"
+                    yield Delta(piece, n_prompt, n_out, reason)
+                    return
+                if piece:
+                    yield Delta(piece, n_prompt, n_out)
+        finally:
+            await gen.aclose()
+
+    async def complete(self, req: GenerationRequest) -> Generation:
+        """The whole answer; greedy answers come from / go to the completion cache."""
+        key = req.cache_key() if req.cacheable else None
+        if key is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.metrics.completion_cache_hits.labels(self.metrics.model_name).inc()
+                return Generation(hit.text, len(req.prompt_token_ids), hit.num_output_tokens, hit.finish_reason,
+                                  cached=True)
+        parts: list[str] = []
+        last = Delta("", len(req.prompt_token_ids), 0, "stop")
+        async for delta in self.stream(req):
+            parts.append(delta.text)
+            last = delta
+        result = Generation("".join(parts), last.num_prompt_tokens, last.num_output_tokens,
+                            last.finish_reason or "stop")
+        if key is not None:
+            self.cache.put(key, CachedGeneration(result.text, result.num_output_tokens, result.finish_reason))
+        return result

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP layer (aiohttp): validation, routes, SSE, errors; no model math here."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -107,7 +108,7 @@ def release(local_cluster) -> Iterator[Release]:
         "operator.livenessProbe.enabled=false",
         f"operator.extraArgs[0]=--interval={INTERVAL_S}",
     ]
-    if image_tag := __import__("os").environ.get("PREHEAT_IMAGE_TAG"):
+    if image_tag := os.environ.get("PREHEAT_IMAGE_TAG"):
         sets += [f"operator.image.tag={image_tag}", f"modelServer.image.tag={image_tag}"]
     argv = [
         "install",
@@ -253,7 +254,7 @@ def test_operator_reconciles_sample_with_its_own_rbac(release: Release) -> None:
     assert any(release.endpoint in text for text in logs.values()), "no operator log line mentions the sample"
 
 
-def test_every_dashboard_query_returns_data(release: Release) -> None:
+def test_every_dashboard_query_returns_data(release: Release, tmp_path: Path) -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     values = {"namespace": release.apps_namespace, "endpoint": release.endpoint, "__rate_interval": "30s"}
     started = time.time()

@@ -120,13 +120,22 @@ class Kube:
         return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-def dashboard_builder() -> Any:
-    """manifests/dashboards/build_dashboard.py as a module (it is a script, not a package)."""
+def _script_module(name: str) -> Any:
     import importlib.util
 
-    path = REPO / "manifests" / "dashboards" / "build_dashboard.py"
-    spec = importlib.util.spec_from_file_location("preheat_build_dashboard", path)
+    path = REPO / "manifests" / "dashboards" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"preheat_{name}", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def dashboard_builder() -> Any:
+    """manifests/dashboards/build_dashboard.py as a module (it is a script, not a package)."""
+    return _script_module("build_dashboard")
+
+
+def dashboard_renderer() -> Any:
+    """manifests/dashboards/render_png.py as a module."""
+    return _script_module("render_png")

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 from preheat.closedloop import PodView, Sample, endpoint_manifest
 from preheat.closedloop import metrics as M
-from preheat.closedloop.experiment import LoopConfig, decisions, promotion_delays
+from preheat.closedloop.experiment import LoopConfig, decisions
 from preheat.loadgen import RequestRecord
 
 
-def pod(uid: str, role: str, ready: bool, created: float = 0.0, deleting: bool = False) -> PodView:
-    return PodView(uid=uid, name=f"p-{uid}", role=role, ready=ready, created_s=created, deleting=deleting)
+def pod(uid: str, role: str, ready: bool, created: float = 0.0, deleting: bool = False,
+        ready_since: float | None = None) -> PodView:
+    return PodView(uid=uid, name=f"p-{uid}", role=role, ready=ready, created_s=created, deleting=deleting,
+                   ready_since_s=ready_since)
 
 
 def test_replica_seconds_charge_each_interval_to_the_pod_state():
@@ -37,14 +39,28 @@ def test_replica_seconds_charge_each_interval_to_the_pod_state():
 
 def test_promotion_of_a_pod_that_waited_warm_hides_a_cold_start():
     samples = [
-        Sample(0.0, (pod("a", "serving", True), pod("w", "warm", True), pod("n", "warm", False))),
-        Sample(2.0, (pod("a", "serving", True), pod("w", "serving", True), pod("n", "warm", False))),
-        # n becomes Ready and is promoted in the same interval: the pool was empty, the user waited
-        Sample(4.0, (pod("a", "serving", True), pod("w", "serving", True), pod("n", "serving", True))),
+        Sample(0.0, (pod("a", "serving", True, ready_since=-50), pod("w", "warm", True, ready_since=-20),
+                     pod("n", "warm", False))),
+        Sample(2.0, (pod("a", "serving", True, ready_since=-50), pod("w", "serving", True, ready_since=-20),
+                     pod("n", "warm", False))),
+        # n becomes Ready at 3.0 and is promoted at once: the pool was empty, the user waited
+        Sample(4.0, (pod("a", "serving", True, ready_since=-50), pod("w", "serving", True, ready_since=-20),
+                     pod("n", "serving", True, ready_since=3.0))),
     ]
-    proms = M.promotions(samples)
+    proms = M.promotions(samples, min_wait_s=5.0)
     assert [(p["pod"], p["hid_cold_start"]) for p in proms] == [("p-w", True), ("p-n", False)]
-    assert proms[0]["waited_warm_s"] == pytest.approx(2.0)
+    assert proms[0]["waited_warm_s"] == pytest.approx(22.0)
+
+
+def test_reaction_time_runs_from_a_scale_up_decision_to_that_many_serving():
+    def serving(t: float, n: int) -> Sample:
+        return Sample(t, tuple(pod(str(i), "serving", True) for i in range(n)))
+
+    samples = [serving(0, 1), serving(2, 1), serving(4, 2), serving(10, 2), serving(20, 3)]
+    decs = [{"t_s": 1.0, "servingFrom": 1, "servingTo": 2}, {"t_s": 5.0, "servingFrom": 2, "servingTo": 3},
+            {"t_s": 21.0, "servingFrom": 3, "servingTo": 2}, {"t_s": 22.0, "servingFrom": 3, "servingTo": 5}]
+    r = M.reaction_times(decs, samples)
+    assert [(x["serving_to"], x["reaction_s"]) for x in r] == [(2, 3.0), (3, 15.0)]  # never-reached 5 left out
 
 
 def test_capacity_lead_is_positive_when_serving_replicas_precede_the_demand():
@@ -90,13 +106,11 @@ def test_violations_count_misses_per_bin():
     assert t.tolist() == [0.0, 5.0] and c.tolist() == [1, 1]
 
 
-def test_promotion_delay_is_measured_from_the_preceding_decision():
+def test_decisions_are_deduplicated_on_the_experiment_clock():
     t0 = 1_000_000.0
-    samples = [Sample(1.0, status={"lastDecision": {"time": "1970-01-12T13:46:41Z", "from": 1, "to": 2}}),
-               Sample(3.0, status={"lastDecision": {"time": "1970-01-12T13:46:41Z", "from": 1, "to": 2}})]
-    decs = decisions(samples, t0)
+    d = {"time": "1970-01-12T13:46:41Z", "from": 1, "to": 2, "servingFrom": 1, "servingTo": 2}
+    decs = decisions([Sample(1.0, status={"lastDecision": d}), Sample(3.0, status={"lastDecision": d})], t0)
     assert len(decs) == 1 and decs[0]["t_s"] == pytest.approx(1.0)
-    assert promotion_delays([{"t_s": 3.0}], decs) == [pytest.approx(2.0)]
 
 
 def test_modes_share_the_endpoint_and_differ_in_the_operator_switch(tmp_path):

@@ -172,16 +172,6 @@ def decisions(samples: Sequence[M.Sample], t0_wall: float) -> list[dict]:
     return sorted(seen.values(), key=lambda d: d["t_s"])
 
 
-def promotion_delays(proms: Sequence[dict], decs: Sequence[dict]) -> list[float]:
-    """Seconds from the decision before each promotion to the promotion being seen in a sample."""
-    out = []
-    for p in proms:
-        before = [d["t_s"] for d in decs if d["t_s"] <= p["t_s"]]
-        if before:
-            out.append(p["t_s"] - before[-1])
-    return out
-
-
 def ensure_crd(api: Any, timeout_s: float = 60.0) -> None:
     """Install the InferenceEndpoint CRD (generated from the spec models) unless it is there already."""
     from kubernetes import client
@@ -322,8 +312,9 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
     summary = summarize(records, cfg.slo_ms / 1000)
     off_t, off_r = offered_rate(arrivals, 1.0)
     need_t, need = M.need_series(off_t, off_r, cfg.target_per_replica)
-    proms = M.promotions(samples)
+    proms = M.promotions(samples, cfg.interval_s + cfg.sample_interval_s)
     decs = decisions(samples, t0_wall)
+    reactions = M.reaction_times(decs, samples)
     rs = M.replica_seconds(samples, 0.0, t_end)
     lead = M.capacity_lead(samples, need_t, need, min_level=2)
     vt, vc = M.violations_per_bin(records, 5.0, t_end)
@@ -336,7 +327,8 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
         "promotions": len(proms),
         "cold_starts_hidden": sum(1 for p in proms if p["hid_cold_start"]),
         "promotion_events": proms,
-        "promotion_delay_s": promotion_delays(proms, decs),
+        "scale_up_reaction_s": [r["reaction_s"] for r in reactions],
+        "scale_ups": reactions,
         "decisions": decs,
         "capacity_lead": lead,
         "cold_start_s": M.cold_start_seconds(samples),

@@ -25,6 +25,7 @@ class PodView:
     ready: bool
     created_s: float  # on the experiment's clock (seconds since the replay started; may be < 0)
     deleting: bool = False
+    ready_since_s: float | None = None  # the Ready condition's lastTransitionTime, when Ready
 
 
 @dataclass(frozen=True)
@@ -71,35 +72,43 @@ def replica_seconds(samples: Sequence[Sample], t_start: float, t_end: float) -> 
     return out
 
 
-def promotions(samples: Sequence[Sample]) -> list[dict]:
+def promotions(samples: Sequence[Sample], min_wait_s: float) -> list[dict]:
     """Warm → serving relabels seen between consecutive samples.
 
-    A promotion *hid a cold start* when the pod had already been Ready in the warm pool at an
-    earlier sample: the capacity was added by a relabel, and nobody waited for the model to load.
-    When the pod became Ready and serving in the same sample interval (the pool was empty, so a
-    fresh pod went straight in), the cold start was not hidden.
+    A promotion *hid a cold start* when the pod had been Ready in the warm pool for more than
+    `min_wait_s` (pass the decision interval plus the sampling period) before it was seen serving:
+    it was loaded before the operator needed it, and the capacity came from a relabel. A pod that is
+    promoted as soon as it becomes Ready (the pool was empty, or there is no pool — reactive mode,
+    where every new pod passes through the warm label on its way in) exposed its cold start.
     """
     out: list[dict] = []
-    ordered = sorted(samples, key=lambda s: s.t_s)
-    warm_ready_since: dict[str, float] = {}
     prev_role: dict[str, str] = {}
-    for s in ordered:
+    for s in sorted(samples, key=lambda s: s.t_s):
         for p in s.pods:
             before = prev_role.get(p.uid)
             if p.role == "serving" and before is not None and before != "serving":
-                out.append(
-                    {
-                        "t_s": s.t_s,
-                        "pod": p.name,
-                        "hid_cold_start": p.uid in warm_ready_since,
-                        "waited_warm_s": (s.t_s - warm_ready_since[p.uid]) if p.uid in warm_ready_since else 0.0,
-                    }
-                )
-            if p.role != "serving" and p.ready:
-                warm_ready_since.setdefault(p.uid, s.t_s)
-            elif p.role == "serving":
-                warm_ready_since.pop(p.uid, None)
+                waited = (s.t_s - p.ready_since_s) if p.ready_since_s is not None else 0.0
+                out.append({"t_s": s.t_s, "pod": p.name, "waited_warm_s": waited,
+                            "hid_cold_start": waited > min_wait_s})
             prev_role[p.uid] = p.role
+    return out
+
+
+def reaction_times(decisions: Sequence[dict], samples: Sequence[Sample]) -> list[dict]:
+    """For each decision that raised the serving count, how long until that many were serving and Ready.
+
+    `decisions` carry `t_s`, `servingFrom`, `servingTo` (the operator's status.lastDecision). With a
+    warm pool this is a relabel (seconds); without, it includes the cold start.
+    """
+    ordered = sorted(samples, key=lambda s: s.t_s)
+    out = []
+    for d in decisions:
+        lo, hi = d.get("servingFrom"), d.get("servingTo")
+        if lo is None or hi is None or hi <= lo:
+            continue
+        t = next((s.t_s for s in ordered if s.t_s >= d["t_s"] and s.serving_ready >= hi), None)
+        if t is not None:
+            out.append({"t_s": d["t_s"], "serving_from": lo, "serving_to": hi, "reaction_s": t - d["t_s"]})
     return out
 
 

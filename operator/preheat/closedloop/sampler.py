@@ -20,7 +20,9 @@ ENDPOINT_LABEL = "preheat.dev/endpoint"
 def pod_view(pod: Any, t0_wall: float) -> PodView:
     """A kubernetes-client V1Pod as a PodView on the experiment clock (seconds since t0_wall)."""
     meta, status = pod.metadata, pod.status
-    ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or []))
+    cond = next((c for c in (status.conditions or []) if c.type == "Ready"), None)
+    ready = cond is not None and cond.status == "True"
+    since = cond.last_transition_time.timestamp() - t0_wall if ready and cond.last_transition_time else None
     created = meta.creation_timestamp.timestamp() - t0_wall if meta.creation_timestamp else 0.0
     return PodView(
         uid=meta.uid,
@@ -29,6 +31,7 @@ def pod_view(pod: Any, t0_wall: float) -> PodView:
         ready=ready,
         created_s=created,
         deleting=meta.deletion_timestamp is not None,
+        ready_since_s=since,
     )
 
 

@@ -1,0 +1,165 @@
+"""Loads a model for serving: a built-in name or a Hugging Face folder → weights on a device, quantized.
+
+Uses only `safetensors` and `tokenizers` (no transformers). The wall time of the whole load is the
+cold start the server exports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .builtin import BUILTIN_SPECS, ensure_builtin
+from .config import ModelConfig
+from .llama import LlamaForCausalLM
+from .tokenizer import Tokenizer
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+_FLOAT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    config: ModelConfig
+    name: str
+    device: torch.device
+    dtype: torch.dtype  # activation (and KV cache) dtype
+    precision: str
+    weight_bytes: int
+    load_seconds: float
+    path: Path
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def resolve_precision(precision: str | None, device: torch.device) -> tuple[str, torch.dtype]:
+    """(precision, activation dtype). Defaults: fp32 on CPU, bf16 on CUDA."""
+    if precision is None or precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    if device.type == "cpu" and precision == "fp16":
+        raise ValueError("fp16 is for CUDA; on CPU use fp32 or bf16 (or int8/int4 weights)")
+    if precision in _FLOAT:
+        return precision, _FLOAT[precision]
+    # Weight-only quantization: activations stay fp32 on CPU (aten's packed kernels take fp32), bf16 on GPU.
+    return precision, torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def model_folder(name_or_path: str) -> tuple[str, Path]:
+    if name_or_path in BUILTIN_SPECS:
+        return name_or_path, ensure_builtin(name_or_path)
+    p = Path(name_or_path).expanduser()
+    if not (p / "config.json").is_file():
+        raise ValueError(
+            f"model {name_or_path!r} is neither a built-in ({', '.join(BUILTIN_SPECS)}) "
+            "nor a folder with config.json"
+        )
+    return p.name, p
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise ValueError(f"{folder} has no model.safetensors (or shards with an index)")
+    return found
+
+
+def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+    """Read every tensor with safetensors and assign it (model was built on the meta device)."""
+    expected = dict(model.state_dict(keep_vars=True))
+    state: dict[str, torch.Tensor] = {}
+    for f in weight_files(folder):
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for key in sf.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                if key not in expected:
+                    continue  # e.g. rotary_emb.inv_freq in old checkpoints
+                t = sf.get_tensor(key)
+                want = tuple(expected[key].shape)
+                if tuple(t.shape) != want:
+                    raise ValueError(f"weight {key} has shape {tuple(t.shape)}, config implies {want}")
+                state[key] = t.to(device=device, dtype=dtype)
+    tied = model.config.tie_word_embeddings
+    if tied or "lm_head.weight" not in state:
+        # Some checkpoints tie without saying so: no lm_head tensor means tied.
+        state.pop("lm_head.weight", None)
+        model.config.tie_word_embeddings = True
+    missing = [k for k in expected if k not in state and k != "lm_head.weight"]
+    if missing:
+        raise ValueError(f"checkpoint in {folder} lacks {len(missing)} weights, e.g. {missing[:3]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of every persistent tensor, shared (tied) storage counted once."""
+    seen: set[int] = set()
+    total = 0
+    for t in module.state_dict().values():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def load_model(name_or_path: str, device: str = "auto", precision: str | None = None) -> LoadedModel:
+    """Load ``tiny``/``small`` (generated and cached on first use) or a Hugging Face folder."""
+    t0 = time.perf_counter()
+    dev = resolve_device(device)
+    precision, dtype = resolve_precision(precision, dev)
+    name, folder = model_folder(name_or_path)
+    config = ModelConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
+    # Quantizers start from fp32 on CPU (better scales); on CUDA from bf16 to save memory.
+    load_dtype = dtype if precision in _FLOAT else (torch.float32 if dev.type == "cpu" else torch.bfloat16)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    load_weights(model, folder, load_dtype, dev)
+    if precision in ("int8", "int4"):
+        from ..quant import quantize_model
+
+        quantize_model(model, precision)
+    model.eval()
+    model.rope_tables(dev, dtype)
+    tokenizer = Tokenizer.from_folder(folder, config.eos_token_id, config.eos_token_ids)
+    if config.eos_token_id is None:
+        config.eos_token_id = tokenizer.eos_token_id
+    config.eos_token_ids = tuple(sorted({*config.eos_token_ids, *tokenizer.stop_token_ids}))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        name=name,
+        device=dev,
+        dtype=dtype,
+        precision=precision,
+        weight_bytes=weight_bytes(model),
+        load_seconds=time.perf_counter() - t0,
+        path=folder,
+    )

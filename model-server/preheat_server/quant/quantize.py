@@ -1,0 +1,211 @@
+"""Weight-only quantization: int8 per output channel and int4 group-wise (asymmetric), in pure torch.
+
+Matmuls use aten's packed kernels where this torch build has them for the device
+(``_weight_int8pack_mm`` and ``_weight_int4pack_mm_for_cpu`` on CPU, ``_weight_int4pack_mm`` on CUDA);
+otherwise the weight is dequantized on the fly (slower, same numbers). Embedding tables are quantized
+too (a lookup dequantizes only the rows it reads), because on small vocabularies-heavy models they
+are a large share of the weight bytes. The formats follow gpt-fast's quantize.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+INT4_GROUP_SIZE = 128
+_INT4_INNER_K_TILES = 2
+
+
+def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: w ≈ q * scale[:, None]."""
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int4_groupwise(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 per group of ``group_size`` inputs.
+
+    Returns (q [N, K] int32 in 0..15, scales_and_zeros [K/group, N, 2] fp32) with
+    w ≈ (q - 8) * scale + zero, the convention of aten's int4pack kernels.
+    """
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"in_features {k} is not a multiple of the int4 group size {group_size}")
+    wg = w.float().reshape(n, k // group_size, group_size)
+    mx, mn = wg.amax(dim=2, keepdim=True), wg.amin(dim=2, keepdim=True)
+    scale = (mx - mn).clamp(min=1e-8) / 15.0
+    q = torch.clamp(torch.round((wg - mn) / scale), 0, 15).to(torch.int32).reshape(n, k)
+    zero = mn + scale * 8.0
+    sz = torch.stack([scale.squeeze(2), zero.squeeze(2)], dim=-1).transpose(0, 1).contiguous()
+    return q, sz
+
+
+def dequantize_int4(q: torch.Tensor, sz: torch.Tensor, group_size: int) -> torch.Tensor:
+    scale = sz[..., 0].t().repeat_interleave(group_size, dim=1)
+    zero = sz[..., 1].t().repeat_interleave(group_size, dim=1)
+    return (q.float() - 8.0) * scale.float() + zero.float()
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    q = q.to(torch.uint8)
+    return (q[:, ::2] << 4) | q[:, 1::2]
+
+
+def _unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
+    return torch.stack([p >> 4, p & 0xF], dim=-1).reshape(p.shape[0], -1)
+
+
+def _has_op(name: str) -> bool:
+    return hasattr(torch.ops.aten, name)
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale).T (+ bias); q int8 [N, K], scale per output channel."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+        self.register_buffer("weight", q)
+        self.register_buffer("scales", scale.to(act_dtype))
+        self.bias = None if bias is None else nn.Parameter(bias.to(act_dtype), requires_grad=False)
+        self.use_packed = q.device.type == "cpu" and _has_op("_weight_int8pack_mm")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.use_packed:
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales.to(x.dtype))
+        else:
+            y = F.linear(x2, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int4Linear(nn.Module):
+    """Group-wise int4 weights in the packed layout of aten's int4 matmul for this device."""
+
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype, group_size: int):
+        super().__init__()
+        n, k = w.shape
+        self.in_features, self.out_features, self.group_size = k, n, group_size
+        q, sz = quantize_int4_groupwise(w, group_size)
+        dev = w.device
+        self.mode = "dequant"
+        packed = None
+        try:
+            if dev.type == "cpu" and _has_op("_weight_int4pack_mm_for_cpu"):
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, _INT4_INNER_K_TILES)
+                self.mode = "cpu"
+            elif dev.type == "cuda" and _has_op("_weight_int4pack_mm") and n % 8 == 0 and k % 256 == 0:
+                packed = torch.ops.aten._convert_weight_to_int4pack(_pack_nibbles(q), _INT4_INNER_K_TILES)
+                self.mode = "cuda"
+        except RuntimeError:
+            packed, self.mode = None, "dequant"  # kernel refuses this shape: dequantize instead
+        if packed is None:
+            packed = _pack_nibbles(q)
+        self.register_buffer("weight", packed)
+        # bf16 scales/zeros as in gpt-fast: 4 bytes per group of 128 weights.
+        self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16))
+        self.bias = None if bias is None else nn.Parameter(bias.to(act_dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.mode == "cpu":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2, self.weight, self.group_size, self.scales_and_zeros.to(x.dtype)
+            )
+        elif self.mode == "cuda":
+            y = torch.ops.aten._weight_int4pack_mm(
+                x2.to(torch.bfloat16), self.weight, self.group_size, self.scales_and_zeros
+            ).to(x.dtype)
+        else:
+            w = dequantize_int4(_unpack_nibbles(self.weight), self.scales_and_zeros, self.group_size)
+            y = F.linear(x2, w.to(x.dtype))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int8Embedding(nn.Module):
+    """Row-quantized table; can share its buffers with a tied ``Int8Linear`` lm_head."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, act_dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("weight", q)
+        self.register_buffer("scales", scale.to(act_dtype))
+        self.act_dtype = act_dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].to(self.act_dtype) * self.scales[ids].to(self.act_dtype)[..., None]
+
+
+class Int4Embedding(nn.Module):
+    def __init__(self, w: torch.Tensor, act_dtype: torch.dtype, group_size: int):
+        super().__init__()
+        q, sz = quantize_int4_groupwise(w, group_size)
+        self.register_buffer("weight", _pack_nibbles(q))
+        # [V, K/group, 2]: row-major so a lookup gathers only its rows' scales.
+        self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous().to(torch.bfloat16))
+        self.group_size, self.act_dtype = group_size, act_dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        q = _unpack_nibbles(self.weight[flat]).float()
+        sz = self.scales_and_zeros[flat].float()
+        g = self.group_size
+        scale = sz[..., 0].repeat_interleave(g, dim=1)
+        zero = sz[..., 1].repeat_interleave(g, dim=1)
+        out = (q - 8.0) * scale + zero
+        return out.to(self.act_dtype).reshape(*ids.shape, -1)
+
+
+def _group_size_for(k: int, group_size: int) -> int:
+    # Fall back to smaller groups for narrow layers (still a multiple of 32 for the kernels).
+    g = group_size
+    while g > 32 and k % g:
+        g //= 2
+    return g
+
+
+def quantize_model(model: nn.Module, precision: str, group_size: int = INT4_GROUP_SIZE) -> nn.Module:
+    """Replace every nn.Linear and the token embedding in place with the int8/int4 modules."""
+    if precision not in ("int8", "int4"):
+        raise ValueError(f"quantize_model: precision must be int8 or int4, got {precision!r}")
+    act_dtype = torch.float32
+    for p in model.parameters():
+        act_dtype = torch.bfloat16 if p.device.type == "cuda" else torch.float32
+        break
+    cfg = getattr(model, "config", None)
+    tied = bool(cfg and cfg.tie_word_embeddings)
+
+    def convert_linear(lin: nn.Linear) -> nn.Module:
+        w = lin.weight.data
+        if precision == "int8":
+            q, s = quantize_int8_per_channel(w)
+            return Int8Linear(q, s, None if lin.bias is None else lin.bias.data, act_dtype)
+        g = _group_size_for(w.shape[1], group_size)
+        return Int4Linear(w, None if lin.bias is None else lin.bias.data, act_dtype, g)
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, convert_linear(child))
+
+    emb = model.model.embed_tokens  # type: ignore[union-attr]
+    if isinstance(emb, nn.Embedding):
+        w = emb.weight.data
+        if precision == "int8" and tied and isinstance(model.lm_head, Int8Linear):
+            # Tied: the embedding reads the lm_head's int8 rows; one copy of the table in memory.
+            head = model.lm_head
+            model.model.embed_tokens = Int8Embedding(head.weight, head.scales, act_dtype)
+        elif precision == "int8":
+            q, s = quantize_int8_per_channel(w)
+            model.model.embed_tokens = Int8Embedding(q, s, act_dtype)
+        else:
+            model.model.embed_tokens = Int4Embedding(w, act_dtype, _group_size_for(w.shape[1], group_size))
+    return model

@@ -295,6 +295,7 @@ class Autoscaling:
             "coldStartSeconds": round(cold_p90, 1) if cold_p90 is not None else None,
             "selector": selector_string(serving_selector(name)),
             "signal": str(spec.scaling.signal),
+            "lastEvaluationTime": now,  # a heartbeat: the loop ran, even when it changed nothing
         }
         if desired_changed or plan.promote or plan.demote or not previous.get("lastDecision"):
             fields["lastDecision"] = {

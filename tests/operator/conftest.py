@@ -1,0 +1,38 @@
+"""Fixtures for the operator's cluster tests: the CRD installed, and `preheat operator` as a real
+process (one per test, watching only that test's namespace, so tests and other suites never share
+an operator)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from ophelpers import CRD, Cluster, OperatorProcess, kubectl
+
+
+@pytest.fixture(scope="session")
+def crd_installed(local_cluster) -> Any:
+    kubectl(local_cluster, "apply", "-f", str(CRD))
+    kubectl(local_cluster, "wait", "--for", "condition=Established", "--timeout=60s",
+            "crd/inferenceendpoints.preheat.dev")
+    return local_cluster
+
+
+
+@pytest.fixture
+def operator_factory(crd_installed, namespace, tmp_path) -> Iterator[Callable[..., OperatorProcess]]:
+    started: list[OperatorProcess] = []
+
+    def make(*extra: str) -> OperatorProcess:
+        op = OperatorProcess(crd_installed, namespace, tmp_path / "operator.log", *extra).start()
+        started.append(op)
+        return op
+
+    yield make
+    for op in started:
+        op.stop()
+
+@pytest.fixture
+def cluster_view(kube_api, namespace) -> Cluster:
+    return Cluster(kube_api, namespace)

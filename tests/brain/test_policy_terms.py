@@ -1,0 +1,236 @@
+"""Unit tests of each policy term: lead time, reactive/forecast needs, panic, stabilisation, warm
+pool, scale to zero, hold, no double counting of starting pods, configuration errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from preheat.policy import (
+    Observation,
+    PolicyConfig,
+    PolicyState,
+    Reason,
+    cold_start_s,
+    decide,
+    lead_time_s,
+    quantile,
+    replicas_needed,
+)
+
+# One replica carries 10 signal units at full utilization: needs are easy to read.
+BASE = PolicyConfig(min_replicas=1, max_replicas=50, target_per_replica=10.0, target_utilization=1.0,
+                    decision_interval_s=15.0, warm_pool_min=0, warm_pool_max=0)
+
+
+def obs(t: float, value: float | None, current: int, **kw) -> Observation:
+    return Observation(time_s=t, value=value, current_serving=current, serving_ready=current, **kw)
+
+
+def steps(config: PolicyConfig, values, current: int, t0: float = 0.0, dt: float = 15.0, follow: bool = True,
+          forecast=None):
+    """Decide on a list of signal values; `follow` makes current serving follow each decision."""
+    state, out = PolicyState(), []
+    for i, v in enumerate(values):
+        fv = forecast[i] if forecast is not None else None
+        d, state = decide(config, state, obs(t0 + i * dt, v, current), fv, fv)
+        out.append(d)
+        if follow:
+            current = d.serving
+    return out, state
+
+
+def test_lead_time_is_p90_cold_start_plus_interval() -> None:
+    samples = [float(s) for s in range(10, 110, 10)]  # 10..100 s
+    p90 = quantile(samples, 0.9)
+    assert p90 == pytest.approx(sorted(samples)[8] + 0.1 * (sorted(samples)[9] - sorted(samples)[8]))
+    assert lead_time_s(BASE, samples) == pytest.approx(p90 + BASE.decision_interval_s)
+    # until measured: the default cold start
+    assert lead_time_s(BASE, []) == BASE.default_cold_start_s + BASE.decision_interval_s
+    # bad samples are ignored, not propagated
+    assert cold_start_s(BASE, [math.nan, -5.0, 40.0]) == 40.0
+    assert lead_time_s(BASE.with_(horizon_override_s=600.0), samples) == 600.0
+    # the decision reports the lead time it planned for, and remembers measured samples
+    d, state = decide(BASE, PolicyState(), obs(0, 10.0, 1, cold_start_samples_s=tuple(samples)))
+    assert d.lead_time_s == pytest.approx(p90 + 15.0)
+    d2, _ = decide(BASE, state, obs(15, 10.0, 1))
+    assert d2.lead_time_s == pytest.approx(p90 + 15.0)
+
+
+def test_reactive_need_is_signal_over_capacity_at_target_utilization() -> None:
+    assert replicas_needed(95.0, BASE) == 10
+    assert replicas_needed(100.0, BASE) == 10  # exactly full, not 11
+    assert replicas_needed(0.30000000000000004 * 1000, BASE.with_(target_per_replica=30.0)) == 10
+    assert replicas_needed(100.0, BASE.with_(target_utilization=0.5)) == 20
+    assert replicas_needed(0.0, BASE) == 0
+    d, _ = decide(BASE, PolicyState(), obs(0, 95.0, 10))
+    assert (d.serving, d.reason, d.reactive_need) == (10, Reason.REACTIVE, 10)
+
+
+def test_forecast_term_wins_when_higher_and_names_itself() -> None:
+    d, _ = decide(BASE, PolicyState(), obs(0, 40.0, 4), forecast_value=120.0, forecast_upper=150.0)
+    assert d.serving == 12 and d.reason == Reason.FORECAST and d.forecast_need == 12
+    assert "forecast" in d.detail and "120" in d.detail
+    # forecasting switched off: the forecast is ignored
+    d_off, _ = decide(BASE.with_(forecasting=False), PolicyState(), obs(0, 40.0, 4), 120.0, 150.0)
+    assert d_off.serving == 4 and d_off.reason == Reason.REACTIVE
+    # a lower forecast never lowers the reactive need
+    d_low, _ = decide(BASE, PolicyState(), obs(0, 40.0, 4), 5.0, 5.0)
+    assert d_low.serving == 4 and d_low.reason == Reason.REACTIVE
+
+
+def test_margin_in_serving_uses_the_upper_forecast() -> None:
+    cfg = BASE.with_(margin_in_serving=True, warm_pool_max=5)
+    d, _ = decide(cfg, PolicyState(), obs(0, 40.0, 4), forecast_value=100.0, forecast_upper=150.0)
+    assert d.serving == 15 and d.warm == 0
+
+
+def test_scale_down_waits_for_the_stabilisation_window_then_respects_max_rate() -> None:
+    cfg = BASE.with_(scale_down_stabilization_s=300.0, max_scale_down_rate=2.0)
+    values = [200.0] * 4 + [10.0] * 40  # 20 replicas, then traffic for 1
+    decisions, _ = steps(cfg, values, current=20)
+    after_drop = decisions[4:]
+    # held at 20 for the whole window (the 200-signal recommendation is < 300 s old)
+    held = [d for d in after_drop if d.time_s - 45.0 < 300.0]
+    assert all(d.serving == 20 and d.reason == Reason.STABILISATION for d in held)
+    # then scale down, at most halving per decision (floor, as Knative): 20 -> 10 -> 5 -> 2 -> 1
+    later = [d.serving for d in after_drop if d.time_s - 45.0 >= 300.0]
+    assert later[:5] == [10, 5, 2, 1, 1]
+    assert any("max scale-down rate" in d.detail for d in after_drop)
+
+
+def test_scale_up_is_immediate() -> None:
+    cfg = BASE.with_(scale_down_stabilization_s=300.0)
+    decisions, _ = steps(cfg, [10.0, 10.0, 300.0], current=1)
+    assert decisions[-1].serving == 30
+
+
+def test_panic_on_a_burst_holds_through_the_stable_window_then_leaves() -> None:
+    cfg = BASE.with_(stable_window_s=60.0, panic_threshold=2.0, scale_down_stabilization_s=0.0)
+    state = PolicyState()
+    d, state = decide(cfg, state, obs(0, 40.0, 4))
+    assert not d.panic
+    # short-window burst: 100 needs 10 >= 2 x 4 serving -> panic, scale to the panic need
+    d, state = decide(cfg, state, Observation(time_s=15, value=45.0, value_panic=100.0, current_serving=4))
+    assert d.panic and d.serving == 10 and d.reason == Reason.PANIC
+    # burst gone, but within the stable window: no scale-down
+    d, state = decide(cfg, state, obs(45, 20.0, 10))
+    assert d.panic and d.serving == 10
+    # a stable window after the last over-threshold sample: panic ends, normal scale-down resumes
+    d, state = decide(cfg, state, obs(76, 20.0, 10))
+    assert not d.panic and d.serving == 5
+
+
+def test_missing_or_stale_data_holds_and_never_scales_down() -> None:
+    _, state = steps(BASE, [80.0], current=8)
+    for bad in (None, math.nan, -3.0, math.inf):
+        d, _ = decide(BASE, state, obs(30, bad, 8))
+        assert d.serving == 8 and d.reason == Reason.HOLD, d.detail
+    d, _ = decide(BASE, state, obs(30, 1.0, 8, stale=True))
+    assert d.serving == 8 and d.reason == Reason.HOLD and "stale" in d.detail
+    # the forecast still pre-scales while metrics are down (but nothing ever scales down)
+    d, _ = decide(BASE, state, obs(30, None, 8), forecast_value=150.0, forecast_upper=150.0)
+    assert d.serving == 15 and d.reason == Reason.FORECAST
+
+
+def test_starting_pods_are_not_counted_twice() -> None:
+    """4 labelled serving (2 Ready, 2 starting) and a signal needing 4: desired stays 4 (no 2->4->8)."""
+    cfg = BASE.with_(panic_threshold=2.0)
+    state = PolicyState()
+    for i in range(10):
+        o = Observation(time_s=15.0 * i, value=40.0, current_serving=4, serving_ready=2, starting=2)
+        d, state = decide(cfg, state, o)
+        assert d.serving == 4
+
+
+def test_warm_pool_is_minimum_plus_forecast_burst_margin_within_limits() -> None:
+    cfg = BASE.with_(warm_pool_min=1, warm_pool_max=4, max_replicas=20)
+    # point forecast needs 10, upper needs 13: warm = 1 + 3
+    d, _ = decide(cfg, PolicyState(), obs(0, 50.0, 5), forecast_value=100.0, forecast_upper=130.0)
+    assert (d.serving, d.warm, d.total) == (10, 4, 14)
+    # the extra is capped by warm_pool_max
+    d, _ = decide(cfg, PolicyState(), obs(0, 50.0, 5), forecast_value=100.0, forecast_upper=300.0)
+    assert d.warm == 4
+    # and by max_replicas - serving (max_replicas bounds the Deployment)
+    d, _ = decide(cfg, PolicyState(), obs(0, 190.0, 19), forecast_value=190.0, forecast_upper=300.0)
+    assert (d.serving, d.warm) == (19, 1)
+    d, _ = decide(cfg, PolicyState(), obs(0, 250.0, 19))
+    assert (d.serving, d.warm, d.reason) == (20, 0, Reason.BOUNDS)
+    # no forecast: just the minimum
+    d, _ = decide(cfg, PolicyState(), obs(0, 50.0, 5))
+    assert d.warm == 1
+
+
+def test_growing_the_warm_pool_alone_is_named_warm_pool_and_promotions_are_counted() -> None:
+    cfg = BASE.with_(warm_pool_min=1, warm_pool_max=4)
+    d, state = decide(cfg, PolicyState(), obs(0, 50.0, 5), 50.0, 50.0)
+    assert (d.serving, d.warm) == (5, 1)
+    d, state = decide(cfg, state, obs(15, 50.0, 5), 50.0, 80.0)
+    assert (d.serving, d.warm, d.reason) == (5, 4, Reason.WARM_POOL)
+    # a rise of 3 with 2 warm pods Ready: promote 2, cold-start the rest
+    d, _ = decide(cfg, state, Observation(time_s=30, value=80.0, current_serving=5, warm_ready=2))
+    assert d.serving == 8 and d.promote == 2
+
+
+def test_freed_serving_replicas_stay_warm_during_the_window() -> None:
+    """Scale-down demotes into the warm pool first (promotion later costs seconds, not a cold start)."""
+    cfg = BASE.with_(warm_pool_min=0, warm_pool_max=4, scale_down_stabilization_s=60.0, max_scale_down_rate=10.0)
+    decisions, _ = steps(cfg, [100.0] * 2 + [50.0] * 12, current=10)
+    first_down = next(d for d in decisions if d.serving < 10)
+    assert first_down.serving == 5 and first_down.warm == 4  # 10 stabilised total, warm capped at 4
+    assert decisions[-1].warm == 0  # and released once the window passes
+
+
+def test_scale_to_zero_after_grace_unless_traffic_is_forecast() -> None:
+    cfg = BASE.with_(min_replicas=0, scale_to_zero=True, scale_to_zero_grace_s=60.0,
+                     scale_down_stabilization_s=0.0, warm_pool_min=1, warm_pool_max=2)
+    decisions, state = steps(cfg, [20.0] + [0.0] * 8, current=2)
+    grace = [d for d in decisions[1:] if d.time_s - 15.0 < 60.0]
+    assert all(d.serving == 1 for d in grace)  # keep one replica during the grace
+    final = decisions[-1]
+    assert (final.serving, final.warm, final.reason) == (0, 0, Reason.SCALE_TO_ZERO)
+    # at zero, traffic wakes it up
+    d, _ = decide(cfg, state, obs(200, 5.0, 0))
+    assert d.serving >= 1
+    # never to zero when the forecast says traffic comes within the lead time
+    decisions, _ = steps(cfg, [20.0] + [0.0] * 8, current=2, forecast=[None] + [30.0] * 8)
+    assert all(d.serving >= 1 for d in decisions)
+    assert decisions[-1].reason == Reason.FORECAST
+    # scale to zero disabled: the floor is one replica
+    decisions, _ = steps(cfg.with_(scale_to_zero=False), [20.0] + [0.0] * 8, current=2)
+    assert decisions[-1].serving == 1
+
+
+def test_bounds_clamp_and_are_named() -> None:
+    cfg = BASE.with_(min_replicas=3, max_replicas=6)
+    d, _ = decide(cfg, PolicyState(), obs(0, 1.0, 3))
+    assert (d.serving, d.reason) == (3, Reason.BOUNDS)
+    d, _ = decide(cfg, PolicyState(), obs(0, 1000.0, 3))
+    assert (d.serving, d.reason) == (6, Reason.BOUNDS)
+    assert "clamped" in d.detail
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"min_replicas": 5, "max_replicas": 2}, "min_replicas (5) exceeds max_replicas (2)"),
+        ({"target_per_replica": 0.0}, "target_per_replica must be > 0"),
+        ({"target_utilization": 1.5}, "target_utilization must be <= 1"),
+        ({"quantile": 1.0}, "quantile must be strictly between 0 and 1"),
+        ({"warm_pool_min": 3, "warm_pool_max": 1}, "warm_pool_min (3) exceeds warm_pool_max (1)"),
+        ({"panic_threshold": 1.0}, "panic_threshold must be > 1"),
+        ({"max_scale_down_rate": math.nan}, "max_scale_down_rate must be a finite number"),
+        ({"min_replicas": -1}, "min_replicas must be a non-negative integer"),
+    ],
+)
+def test_invalid_config_is_rejected_with_the_reason(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="invalid PolicyConfig") as err:
+        BASE.with_(**changes)
+    assert message in str(err.value)
+
+
+def test_config_round_trip_and_unknown_fields() -> None:
+    cfg = BASE.with_(warm_pool_max=3)
+    assert PolicyConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown PolicyConfig fields: bogus"):
+        PolicyConfig.from_dict({**cfg.to_dict(), "bogus": 1})

@@ -41,7 +41,8 @@ def render_config(
         {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
     ]
     return {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": "3s"},
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                   "scrape_timeout": interval if _seconds(interval) < 3 else "3s"},
         "scrape_configs": [
             {
                 "job_name": "kubernetes-pods",
@@ -62,6 +63,14 @@ def render_config(
             },
         ],
     }
+
+
+def _seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for u in ("ms", "s", "m", "h"):
+        if duration.endswith(u) and duration[: -len(u)].replace(".", "", 1).isdigit():
+            return float(duration[: -len(u)]) * units[u]
+    raise ValueError(f"PREHEAT_SCRAPE_INTERVAL must be a duration such as 5s, got {duration!r}")
 
 
 def write_config(path: Path, config: dict) -> None:

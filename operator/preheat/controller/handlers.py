@@ -55,7 +55,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = int(memo.get("max_workers", 8))
     # Peering: when two operator replicas run, the one with higher priority acts; the other waits.
     settings.peering.priority = int(memo.get("peering_priority", 0))
-    settings.peering.stealth = True
 
 
 @kopf.on.login()

@@ -4,6 +4,7 @@ the operator Deployment's shape, and the optional Prometheus Operator objects.""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -12,6 +13,7 @@ from .tools import (
     CHART,
     CRD,
     DASHBOARD,
+    REPO,
     RULES,
     by_kind,
     dashboard_builder,
@@ -195,3 +197,89 @@ def test_bad_values_fail_with_a_message(helm: str) -> None:
     proc = run([helm, "template", "x", str(CHART), "--set", "serviceAccount.create=false"], check=False)
     assert proc.returncode != 0
     assert "serviceAccount.name is required" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), ("watchNamespaces={ml,chat}", "operator.verbose=true", "operator.extraArgs={--reactive-only}")],
+)
+def test_operator_cli_accepts_the_charts_arguments(helm: str, sets: tuple[str, ...]) -> None:
+    # The chart's args, expanded the way the kubelet expands $(VAR) from the container's env, must
+    # parse with the operator's own argument parser (a misspelt flag would crash-loop the pod).
+    from preheat.controller.cli import parse_args
+
+    (container,) = one(helm_template(helm, *sets), "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    env = {"POD_IP": "10.1.2.3", "POD_INDEX": "1"}
+    declared = {e["name"] for e in container["env"]}
+    args = []
+    for a in container["args"]:
+        for var in re.findall(r"\$\((\w+)\)", a):
+            assert var in declared, f"{a} uses $({var}) but the container has no such env var"
+            a = a.replace(f"$({var})", env[var])
+        args.append(a)
+    parsed = parse_args(args)
+    assert parsed.peering == "preheat" and parsed.priority == 1
+    assert parsed.metrics_addr == "10.1.2.3" and parsed.metrics_port == 8080
+    if sets:
+        assert parsed.namespace == ["ml", "chat"] and parsed.verbose and parsed.reactive_only
+    else:
+        assert parsed.all_namespaces and parsed.namespace == []
+
+
+# Kubernetes client method resource → (API group, resource). The operator's only custom object is
+# its own InferenceEndpoint.
+_CLIENT_RESOURCES = {
+    "deployment": ("apps", "deployments"),
+    "service": ("", "services"),
+    "pod": ("", "pods"),
+    "pod_disruption_budget": ("policy", "poddisruptionbudgets"),
+    "custom_object": ("preheat.dev", "inferenceendpoints"),
+    "event": ("", "events"),
+}
+_CLIENT_VERBS = {
+    "read": "get",
+    "list": "list",
+    "create": "create",
+    "patch": "patch",
+    "replace": "update",
+    "delete": "delete",
+}
+# What Kopf itself does (not visible as client calls in the operator's code).
+_KOPF = {
+    ("preheat.dev", "inferenceendpoints", "list"),
+    ("preheat.dev", "inferenceendpoints", "watch"),
+    ("preheat.dev", "inferenceendpoints", "patch"),
+    ("", "events", "create"),
+    ("kopf.dev", "clusterkopfpeerings", "list"),
+    ("kopf.dev", "clusterkopfpeerings", "watch"),
+    ("kopf.dev", "clusterkopfpeerings", "patch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+
+
+def operator_api_calls() -> set[tuple[str, str, str]]:
+    """(group, resource[/subresource], verb) of every Kubernetes client call in the operator's runtime code."""
+    calls = set()
+    pattern = re.compile(r"\.(read|list|create|patch|replace|delete)_namespaced_(\w+?)(_status|_scale)?\(")
+    for path in (REPO / "operator" / "preheat" / "controller").glob("*.py"):
+        if path.name.startswith("bench"):  # benchmarks run as the cluster admin, not as the operator
+            continue
+        for verb, kind, sub in pattern.findall(path.read_text()):
+            assert kind in _CLIENT_RESOURCES, (
+                f"{path.name}: unmapped client call {verb}_namespaced_{kind}{sub}"
+            )
+            group, resource = _CLIENT_RESOURCES[kind]
+            calls.add((group, resource + (f"/{sub[1:]}" if sub else ""), _CLIENT_VERBS[verb]))
+    return calls
+
+
+def test_rbac_grants_exactly_what_the_operator_code_calls(default_objects: list[dict]) -> None:
+    granted = set()
+    for _, r in _rules(default_objects):
+        granted |= {(g, res, v) for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    needed = operator_api_calls() | _KOPF
+    assert needed - granted == set(), (
+        f"the operator calls these but the chart does not grant them: {needed - granted}"
+    )
+    assert granted - needed == set(), f"granted but never used (not least privilege): {granted - needed}"

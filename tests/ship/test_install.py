@@ -184,7 +184,8 @@ def test_rendered_manifests_pass_server_side_dry_run(release: Release) -> None:
             "apply",
             "--server-side",
             "--dry-run=server",
-            "--field-manager=ship-test", "--force-conflicts",
+            "--field-manager=ship-test",
+            "--force-conflicts",
             "-f",
             "-",
             input=rendered,
@@ -231,7 +232,9 @@ def test_operator_reconciles_sample_with_its_own_rbac(release: Release) -> None:
     who = f"system:serviceaccount:{release.namespace}:{release.service_account}"
 
     def can(verb: str, resource: str, *extra: str) -> bool:
-        out = kube.kubectl("auth", "can-i", verb, resource, *extra, "-n", ns, "--as", who, check=False).stdout.strip()
+        out = kube.kubectl(
+            "auth", "can-i", verb, resource, *extra, "-n", ns, "--as", who, check=False
+        ).stdout.strip()
         return out == "yes"
 
     assert (

@@ -30,6 +30,11 @@ def operator_factory(crd_installed, namespace, tmp_path) -> Iterator[Callable[..
         return op
 
     yield make
+    # Delete the endpoints while an operator still runs: Kopf's daemons put a finalizer on each, and
+    # a namespace whose endpoints nobody finalizes would stay Terminating.
+    if any(op.proc is not None and op.proc.poll() is None for op in started):
+        kubectl(crd_installed, "delete", "inferenceendpoints", "--all", "-n", namespace, "--wait=true",
+                "--timeout=90s", check=False, timeout=120)
     for op in started:
         op.stop()
 

@@ -18,8 +18,10 @@ from preheat.policy import Autoscaler, Decision, Observation, PolicyConfig
 log = logging.getLogger("preheat.brain")
 
 
-def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False) -> PolicyConfig:
-    """The policy's configuration for one endpoint. Reactive-only disables forecasts and the warm pool."""
+def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
+                  interval_s: float | None = None) -> PolicyConfig:
+    """The policy's configuration for one endpoint. Reactive-only disables forecasts and the warm pool;
+    `interval_s` is the operator's --interval override of the decision interval."""
     s = spec.scaling
     stable = duration_s(spec.prometheus.window)
     panic = min(duration_s(spec.prometheus.panic_window), stable)
@@ -27,7 +29,7 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False) -> P
         min_replicas=s.min_replicas,
         max_replicas=s.max_replicas,
         target_per_replica=s.target_per_replica,
-        decision_interval_s=s.interval_seconds,
+        decision_interval_s=interval_s or s.interval_seconds,
         forecasting=s.forecasting.enabled and not reactive_only,
         horizon_override_s=s.forecasting.horizon_seconds,
         stable_window_s=stable,

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from preheat.controller import builders
 from preheat.controller import status as st
+from preheat.controller.kube import shared_api
 from preheat.controller.loop import Autoscaling, retry_conflict
 from preheat.controller.spec import GROUP, PLURAL, VERSION, describe_error, parse_spec
 
@@ -93,8 +94,8 @@ def reconcile_objects(body: dict[str, Any]) -> list[str]:
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     spec = parse_spec(body.get("spec") or {})
-    core, apps, policy = client.CoreV1Api(), client.AppsV1Api(), client.PolicyV1Api()
-    api = client.ApiClient()
+    api = shared_api()
+    core, apps, policy = client.CoreV1Api(api), client.AppsV1Api(api), client.PolicyV1Api(api)
     actions: list[str] = []
 
     dep = builders.deployment(name, ns, spec, body, replicas=builders.initial_replicas(spec))
@@ -170,7 +171,7 @@ def _invalid(body: Any, message: str) -> None:
         fields={},
     )
     try:
-        client.CustomObjectsApi().patch_namespaced_custom_object_status(
+        client.CustomObjectsApi(shared_api()).patch_namespaced_custom_object_status(
             GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"status": status}
         )
     except ApiException as exc:

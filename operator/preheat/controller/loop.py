@@ -22,6 +22,7 @@ from preheat.controller import actuation, metrics
 from preheat.controller import status as st
 from preheat.controller.brain import Brain, policy_config
 from preheat.controller.builders import selector_labels, selector_string, serving_selector, workload_name
+from preheat.controller.kube import shared_api
 from preheat.controller.observe import MetricsResult, PrometheusSource, history_query, signal_queries
 from preheat.controller.spec import (
     GROUP,
@@ -84,7 +85,7 @@ class StepResult:
 
 def _iso_to_api(pod: Any) -> dict[str, Any]:
     """The kubernetes client's model object -> the API's own camelCase dict."""
-    return client.ApiClient().sanitize_for_serialization(pod)
+    return shared_api().sanitize_for_serialization(pod)
 
 
 def retry_conflict(fn: Any, attempts: int = 5) -> Any:
@@ -123,7 +124,7 @@ class Autoscaling:
 
     def _brain(self, mem: Memory, namespace: str, name: str, spec: InferenceEndpointSpec,
                saved: dict[str, Any] | None) -> Brain:
-        config = policy_config(spec, self.options.reactive_only)
+        config = policy_config(spec, self.options.reactive_only, self.options.interval_override_s)
         signal = str(spec.scaling.signal)
         if mem.brain is not None and mem.config == config and mem.signal == signal:
             return mem.brain
@@ -196,7 +197,7 @@ class Autoscaling:
             self._seed_history(mem, namespace, name, spec)
         interval = self.interval(spec)
 
-        core, apps = client.CoreV1Api(), client.AppsV1Api()
+        core, apps = client.CoreV1Api(shared_api()), client.AppsV1Api(shared_api())
         try:
             dep = apps.read_namespaced_deployment(workload_name(name), namespace)
         except ApiException as exc:
@@ -340,7 +341,7 @@ class Autoscaling:
                decision: Decision, events: list[EventNote]) -> None:
         """Promotions/demotions first (capacity in seconds; removal from the Service before any pod
         stops), then the Deployment's replicas (ReplicaSet removes the cheapest, i.e. warm, pods)."""
-        core, apps = client.CoreV1Api(), client.AppsV1Api()
+        core, apps = client.CoreV1Api(shared_api()), client.AppsV1Api(shared_api())
         for patch in plan.patches():
             try:
                 retry_conflict(lambda p=patch: core.patch_namespaced_pod(p.name, namespace, p.body()))
@@ -370,7 +371,7 @@ class Autoscaling:
             log.info("%s/%s: %d serving replica(s) wait for warm pods to load", namespace, name, plan.shortfall)
 
     def _write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        api = client.CustomObjectsApi()
+        api = client.CustomObjectsApi(shared_api())
         try:
             retry_conflict(lambda: api.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, {"status": status}))

@@ -25,7 +25,7 @@ def operator_factory(crd_installed, namespace, tmp_path) -> Iterator[Callable[..
     started: list[OperatorProcess] = []
 
     def make(*extra: str) -> OperatorProcess:
-        op = OperatorProcess(crd_installed, namespace, tmp_path / "operator.log", *extra).start()
+        op = OperatorProcess(crd_installed, namespace, tmp_path / f"operator-{len(started)}.log", *extra).start()
         started.append(op)
         return op
 

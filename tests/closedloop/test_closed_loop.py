@@ -29,12 +29,13 @@ def test_preheat_has_capacity_before_the_ramp_and_reactive_does_not(local_cluste
     trace = load_trace(DATA / "servegen_m-small_day2_morning.csv")
     # 03:30 → 11:30 of day 2: trough, then the ramp (~2.7x); 240x → 120 s; 1 % of the rate
     arrivals = from_trace(trace, compress=240, rate_scale=0.01, start_s=12600, duration_s=8 * 3600, seed=0)
+    cluster = getattr(local_cluster, "cluster", None)  # the LocalCluster: scrapes host processes too
     cfg = LoopConfig(
         kubeconfig=Path(local_cluster.kubeconfig),
         prometheus_url=local_cluster.prometheus_url,
         out_dir=tmp_path,
-        register_target=getattr(local_cluster, "register_scrape_target", None),
-        unregister_target=getattr(local_cluster, "unregister_scrape_target", None),
+        register_target=getattr(cluster, "register_scrape_target", None),
+        unregister_target=getattr(cluster, "unregister_scrape_target", None),
         progress=print,
     )
     comp = asyncio.run(compare(cfg, arrivals, ("preheat", "reactive"), {"requests": len(arrivals)}))

@@ -233,3 +233,20 @@ def test_peering_only_the_higher_priority_operator_acts(operator_factory, cluste
     wait_for(lambda: "Resuming operations" in low.log_tail(400), 120, "low-priority operator takes over", low)
     kubectl(crd_installed, "scale", "-n", namespace, f"ie/{name}", "--replicas=2")
     wait_for(lambda: cv.status(name).get("servingReplicas") == 2, 120, "the survivor scales the endpoint", low)
+
+
+def test_preview_mode_reports_but_leaves_replicas_alone(operator_factory, cluster_view, namespace, crd_installed):
+    cv = cluster_view
+    name = "preview"
+    op = operator_factory("--interval", "2")
+    ep = lightweight_endpoint(name, mode="Preview", minReplicas=1, maxReplicas=3, warmPool={"min": 1, "max": 1})
+    cv.create(ep)
+    wait_for(lambda: cv.status(name).get("servingReplicas") == 2, 120, "every Ready pod serving in Preview", op)
+    # Someone else (today's autoscaler) owns replicas: Preheat must not undo a manual scale.
+    cv.apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 3}})
+    wait_for(lambda: cv.status(name).get("servingReplicas") == 3, 120, "the third pod serving too", op)
+    wait_for(lambda: any(e["reason"] == "PreviewDecision" for e in cv.events(name)), 60, "a PreviewDecision Event", op)
+    assert cv.apps.read_namespaced_deployment(name, namespace).spec.replicas == 3
+    scaling = cv.condition(name, "Scaling")
+    assert scaling["status"] == "False" and scaling["reason"] == "PreviewMode"
+    assert cv.status(name)["lastDecision"]["applied"] is False

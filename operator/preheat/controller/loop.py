@@ -8,6 +8,7 @@ restarted operator picks up where the last one stopped without double promotions
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -254,11 +255,16 @@ class Autoscaling:
         metrics.decisions.labels(namespace, name, reason).inc()
         desired_changed = current_replicas != decision.total
         if not preview:
-            self._apply(namespace, name, plan, current_replicas, decision, events)
-        elif (desired_changed or plan.promote or plan.demote) and (reason != mem.last_reason or desired_changed):
+            applied = plan
+        else:
+            # Preview: the Deployment's replicas belong to whoever scales it today; Preheat only keeps
+            # every Ready pod serving (no warm pool) and reports what it would have done.
+            applied = dataclasses.replace(actuation.plan(pods, counts.ready, counts.ready, None), replicas=None)
+            if (desired_changed or plan.promote or plan.demote) and (reason != mem.last_reason or desired_changed):
                 events.append(EventNote("Normal", "PreviewDecision",
                                         f"would set serving {counts.serving_ready} -> {decision.serving}, "
                                         f"replicas {current_replicas} -> {decision.total}: {decision.detail}"))
+        self._apply(namespace, name, applied, current_replicas, decision, events)
         mem.last_reason = reason
 
         # Failing pods: say why once per distinct message, keep scaling the rest.
@@ -269,8 +275,8 @@ class Autoscaling:
         elif failing is None:
             mem.last_failure_event = ""
 
-        serving_after = counts.serving_ready if preview else counts.serving_ready + len(plan.promote) - len(plan.demote)
-        warm_after = counts.warm_ready if preview else counts.warm_ready - len(plan.promote) + len(plan.demote)
+        serving_after = counts.serving_ready + len(applied.promote) - len(applied.demote)
+        warm_after = counts.warm_ready - len(applied.promote) + len(applied.demote)
         conditions = [
             st.ready_condition(serving_after, spec.scaling.min_replicas, counts.failing,
                                failing.failure if failing else ""),

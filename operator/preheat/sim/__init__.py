@@ -1,0 +1,1 @@
+"""Trace-driven simulator: how would each autoscaler have done on this trace?"""

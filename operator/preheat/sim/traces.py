@@ -1,0 +1,360 @@
+"""Trace readers: turn a request log or a per-window count series into arrays the simulator replays.
+
+Formats are auto-detected from the file itself (never from its name alone):
+
+* per-request CSV with a `timestamp` column: Azure LLM inference traces (`TIMESTAMP` as datetime
+  strings, `ContextTokens`, `GeneratedTokens`) or a plain `timestamp,input_tokens,output_tokens`
+  file with timestamps in seconds;
+* per-request JSONL with `timestamp` in milliseconds (Mooncake: `input_length`, `output_length`);
+* per-window count series `t_s,total_rate_rps` (ServeGen, 10-minute windows). Exactly-zero windows
+  in a busy series are logging gaps, so they become missing data (NaN), not zero traffic.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Column names we accept, first match wins (lower-cased before matching).
+_INPUT_COLUMNS = ("contexttokens", "input_tokens", "input_length", "prompt_tokens")
+_OUTPUT_COLUMNS = ("generatedtokens", "output_tokens", "output_length", "completion_tokens")
+_RATE_COLUMNS = ("total_rate_rps", "rate_rps")
+# A window with exactly zero requests in a series that normally sees at least this many requests per
+# window cannot be real traffic (Poisson probability of zero is e^-100): it is a logging gap.
+_GAP_MIN_TYPICAL_REQUESTS = 100.0
+
+
+class TraceError(ValueError):
+    """A trace (or cold-start file) that cannot be read, with a message saying what is wrong."""
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """One row per request. Times in seconds from the first request; token arrays may be None."""
+
+    name: str
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray | None
+    output_tokens: np.ndarray | None
+    source_format: str
+    rate_scale: float = 1.0
+
+    kind = "requests"
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.input_tokens is not None and self.output_tokens is not None
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1]) if len(self.arrival_s) else 0.0
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {len(self.arrival_s)} requests over {self.duration_s / 60:.1f} min "
+            f"({self.source_format}{', with token counts' if self.has_tokens else ''}"
+            f"{f', rate x{self.rate_scale:g}' if self.rate_scale != 1 else ''})"
+        )
+
+
+@dataclass(frozen=True)
+class SeriesTrace:
+    """Request rate per fixed window; `rate_rps[i]` covers [t_s[i], t_s[i] + window_s). NaN = missing."""
+
+    name: str
+    t_s: np.ndarray
+    rate_rps: np.ndarray
+    window_s: float
+    source_format: str
+    rate_scale: float = 1.0
+
+    kind = "series"
+    has_tokens = False
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.t_s[-1] + self.window_s) if len(self.t_s) else 0.0
+
+    @property
+    def missing_windows(self) -> int:
+        return int(np.isnan(self.rate_rps).sum())
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {len(self.t_s)} windows of {self.window_s:g}s over {self.duration_s / 86400:.2f} days, "
+            f"{self.missing_windows} missing ({self.source_format}"
+            f"{f', rate x{self.rate_scale:g}' if self.rate_scale != 1 else ''})"
+        )
+
+
+Trace = RequestTrace | SeriesTrace
+
+
+def load_trace(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> Trace:
+    """Read any supported trace, detect its format and apply `rate_scale` (see `scale_requests`)."""
+    path = Path(path)
+    if not (isinstance(rate_scale, int | float) and math.isfinite(rate_scale) and rate_scale > 0):
+        raise TraceError(f"--rate-scale must be a positive number, got {rate_scale!r}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"trace file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read trace {path}: {e}") from None
+    stripped = text.lstrip()
+    if not stripped:
+        raise TraceError(f"trace {path} is empty")
+    if stripped.startswith("{"):
+        trace: Trace = _read_jsonl(path.name, text)
+    else:
+        trace = _read_csv(path.name, text)
+    if isinstance(trace, SeriesTrace):
+        return SeriesTrace(trace.name, trace.t_s, trace.rate_rps * rate_scale, trace.window_s,
+                           trace.source_format, rate_scale)
+    return scale_requests(trace, rate_scale, seed)
+
+
+def scale_requests(trace: RequestTrace, rate_scale: float, seed: int = 0) -> RequestTrace:
+    """Thin (x < 1) or replicate (x > 1) requests while keeping the trace's time shape.
+
+    Each request is kept floor(x) times plus once more with probability frac(x). A copy is placed at
+    a uniformly random time between its request and the next one, so scaling adds load without
+    inventing instant bursts of identical requests.
+    """
+    if rate_scale == 1.0:
+        return trace
+    rng = np.random.default_rng(seed)
+    n = len(trace.arrival_s)
+    copies = np.floor(rate_scale).astype(int) + (rng.random(n) < rate_scale - math.floor(rate_scale))
+    idx = np.repeat(np.arange(n), copies)
+    if len(idx) == 0:
+        raise TraceError(f"--rate-scale {rate_scale:g} left no requests in {trace.name}")
+    gaps = np.diff(trace.arrival_s, append=trace.arrival_s[-1])
+    first_copy = np.ones(len(idx), dtype=bool)
+    first_copy[1:] = idx[1:] != idx[:-1]
+    jitter = np.where(first_copy, 0.0, rng.random(len(idx)) * gaps[idx])
+    t = trace.arrival_s[idx] + jitter
+    order = np.argsort(t, kind="stable")
+    pick = idx[order]
+    return RequestTrace(
+        trace.name,
+        t[order],
+        None if trace.input_tokens is None else trace.input_tokens[pick],
+        None if trace.output_tokens is None else trace.output_tokens[pick],
+        trace.source_format,
+        rate_scale,
+    )
+
+
+def _finish_requests(name: str, fmt: str, t: np.ndarray, inp: np.ndarray | None, out: np.ndarray | None) -> RequestTrace:
+    if len(t) == 0:
+        raise TraceError(f"trace {name} has a header but no requests")
+    if not np.all(np.isfinite(t)):
+        raise TraceError(f"trace {name} has non-numeric or missing timestamps")
+    order = np.argsort(t, kind="stable")  # logs are usually sorted; do not rely on it
+    t = t[order] - t[order][0]
+    for label, arr in (("input", inp), ("output", out)):
+        if arr is not None and (not np.all(np.isfinite(arr)) or np.any(arr < 0)):
+            raise TraceError(f"trace {name} has negative or non-numeric {label} token counts")
+    return RequestTrace(
+        name, t.astype(float),
+        None if inp is None else inp[order].astype(float),
+        None if out is None else out[order].astype(float),
+        fmt,
+    )
+
+
+def _read_jsonl(name: str, text: str) -> RequestTrace:
+    ts: list[float] = []
+    inp: list[float] = []
+    out: list[float] = []
+    tokens = True
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{name} line {lineno}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or "timestamp" not in row:
+            raise TraceError(f"{name} line {lineno}: a JSONL trace needs a 'timestamp' (ms) in every object")
+        try:
+            ts.append(float(row["timestamp"]) / 1000.0)
+        except (TypeError, ValueError):
+            raise TraceError(f"{name} line {lineno}: timestamp {row['timestamp']!r} is not a number") from None
+        i = _first(row, _INPUT_COLUMNS)
+        o = _first(row, _OUTPUT_COLUMNS)
+        if i is None or o is None:
+            tokens = False
+        else:
+            try:
+                inp.append(float(i))
+                out.append(float(o))
+            except (TypeError, ValueError):
+                raise TraceError(f"{name} line {lineno}: token counts must be numbers") from None
+    return _finish_requests(
+        name, "jsonl (timestamp ms)", np.asarray(ts),
+        np.asarray(inp) if tokens else None, np.asarray(out) if tokens else None,
+    )
+
+
+def _first(row: dict, keys: tuple[str, ...]) -> object:
+    lowered = {str(k).lower(): v for k, v in row.items()}
+    for k in keys:
+        if k in lowered:
+            return lowered[k]
+    return None
+
+
+def _read_csv(name: str, text: str) -> Trace:
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise TraceError(f"trace {name} is empty") from None
+    cols = [h.strip().lower() for h in header]
+    rows = [r for r in reader if r and any(c.strip() for c in r)]
+    if "t_s" in cols and any(c in cols for c in _RATE_COLUMNS):
+        return _read_series(name, cols, rows)
+    if "timestamp" not in cols:
+        raise TraceError(
+            f"{name}: unrecognised CSV header {header!r}; expected a per-request trace with a "
+            "'timestamp' column (optionally input/output token columns) or a series 't_s,total_rate_rps'"
+        )
+    ti = cols.index("timestamp")
+    ii = next((cols.index(c) for c in _INPUT_COLUMNS if c in cols), None)
+    oi = next((cols.index(c) for c in _OUTPUT_COLUMNS if c in cols), None)
+    for n, r in enumerate(rows, 2):
+        if len(r) != len(cols):
+            raise TraceError(f"{name} line {n}: {len(r)} fields, header has {len(cols)}")
+    raw_t = [r[ti].strip() for r in rows]
+    if not raw_t:
+        raise TraceError(f"trace {name} has a header but no requests")
+    try:
+        t = np.asarray([float(x) for x in raw_t])
+        fmt = "csv (timestamp s)"
+    except ValueError:
+        try:
+            stamps = np.asarray(raw_t, dtype="datetime64[ns]")
+        except ValueError as e:
+            raise TraceError(f"{name}: timestamps are neither seconds nor datetimes ({e})") from None
+        if np.any(np.isnat(stamps)):
+            raise TraceError(f"{name}: some timestamps are empty")
+        t = (stamps - stamps.min()).astype("timedelta64[ns]").astype(np.int64) / 1e9
+        fmt = "csv (datetime timestamps)"
+    inp = out = None
+    if ii is not None and oi is not None:
+        try:
+            inp = np.asarray([float(r[ii]) for r in rows])
+            out = np.asarray([float(r[oi]) for r in rows])
+        except ValueError:
+            raise TraceError(f"{name}: token counts must be numbers") from None
+    return _finish_requests(name, fmt, t, inp, out)
+
+
+def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTrace:
+    ti = cols.index("t_s")
+    ri = next(cols.index(c) for c in _RATE_COLUMNS if c in cols)
+    ci = cols.index("active_clients") if "active_clients" in cols else None
+    if len(rows) < 2:
+        raise TraceError(f"series {name} needs at least two windows, has {len(rows)}")
+    try:
+        t = np.asarray([float(r[ti]) for r in rows])
+        rate = np.asarray([float(r[ri]) if r[ri].strip() else math.nan for r in rows])
+    except (ValueError, IndexError):
+        raise TraceError(f"series {name}: t_s and the rate must be numbers on every row") from None
+    steps = np.diff(t)
+    if np.any(steps <= 0) or not np.allclose(steps, steps[0]):
+        raise TraceError(f"series {name}: t_s must increase by a constant window (got steps {np.unique(steps)[:5]})")
+    if np.any(rate[np.isfinite(rate)] < 0):
+        raise TraceError(f"series {name}: negative request rates")
+    window = float(steps[0])
+    typical = np.nanmedian(rate) * window if np.any(np.isfinite(rate)) else 0.0
+    zero = rate == 0
+    if ci is not None:
+        clients = np.asarray([float(r[ci] or 0) for r in rows])
+        zero &= clients == 0
+    if typical >= _GAP_MIN_TYPICAL_REQUESTS:
+        rate = np.where(zero, math.nan, rate)
+    if not np.any(np.isfinite(rate)):
+        raise TraceError(f"series {name} has no usable windows")
+    return SeriesTrace(name, t - t[0], rate, window, f"series ({window:g}s windows)")
+
+
+@dataclass(frozen=True)
+class ColdStartModel:
+    """Start-to-ready durations: one fixed value, or samples drawn from a measured distribution."""
+
+    samples_s: np.ndarray
+    label: str
+
+    @property
+    def fixed(self) -> bool:
+        return len(self.samples_s) == 1
+
+    def quantile(self, q: float) -> float:
+        return float(np.quantile(self.samples_s, q))
+
+    def sampler(self, seed: int) -> ColdStartSampler:
+        return ColdStartSampler(self, seed)
+
+
+class ColdStartSampler:
+    """Seeded stream of cold starts. `peek()` shows the next one (the oracle's foresight)."""
+
+    def __init__(self, model: ColdStartModel, seed: int) -> None:
+        self._model = model
+        self._rng = np.random.default_rng(seed + 7919)
+        self._next: float | None = None
+
+    def peek(self) -> float:
+        if self._next is None:
+            s = self._model.samples_s
+            self._next = float(s[0] if len(s) == 1 else s[self._rng.integers(len(s))])
+        return self._next
+
+    def draw(self) -> float:
+        value = self.peek()
+        self._next = None
+        return value
+
+
+def load_cold_start(spec: str | float) -> ColdStartModel:
+    """`30` (seconds) or a CSV file with a `cold_start_ms` or `cold_start_s` column."""
+    try:
+        seconds = float(spec)
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is not None:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise TraceError(f"--cold-start must be a non-negative number of seconds or a file, got {spec!r}")
+        return ColdStartModel(np.asarray([seconds]), f"{seconds:g} s")
+    path = Path(str(spec))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"--cold-start: neither a number nor an existing file: {spec!r}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"cannot read cold-start file {path}: {e}") from None
+    reader = csv.reader(io.StringIO(text))
+    header = [h.strip().lower() for h in next(reader, [])]
+    for col, scale in (("cold_start_ms", 1e-3), ("cold_start_s", 1.0)):
+        if col in header:
+            i = header.index(col)
+            try:
+                values = np.asarray([float(r[i]) * scale for r in reader if r and r[i].strip()])
+            except (ValueError, IndexError):
+                raise TraceError(f"{path.name}: {col} must be numbers on every row") from None
+            if len(values) == 0 or not np.all(np.isfinite(values)) or np.any(values < 0):
+                raise TraceError(f"{path.name}: {col} needs at least one non-negative number")
+            return ColdStartModel(
+                values,
+                f"{path.name} (n={len(values)}, p50 {np.quantile(values, 0.5):.1f} s, p95 {np.quantile(values, 0.95):.1f} s)",
+            )
+    raise TraceError(f"{path.name}: a cold-start file needs a 'cold_start_ms' or 'cold_start_s' column, header is {header}")

@@ -5,6 +5,7 @@ tolerates gaps and bad samples, and serialises to JSON so the operator can persi
 """
 
 from preheat.forecast.base import Forecaster
+from preheat.forecast.ensemble import EnsembleForecaster
 from preheat.forecast.holt_winters import DAY_S, WEEK_S, HoltWinters, SeasonProfile
 from preheat.forecast.quantile import DEFAULT_HORIZONS_S, QuantileForecaster
 from preheat.forecast.registry import KINDS, forecaster_from_dict, make_forecaster, season_knots
@@ -16,6 +17,7 @@ __all__ = [
     "DEFAULT_HORIZONS_S",
     "KINDS",
     "WEEK_S",
+    "EnsembleForecaster",
     "Forecaster",
     "HoltWinters",
     "Persistence",

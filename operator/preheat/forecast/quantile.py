@@ -86,6 +86,7 @@ class QuantileForecaster:
                 target, point = pending.popleft()
                 if t - target <= late_ok:
                     track.residuals.append((y - point) / max(point, floor))
+                    track.cache.clear()
             if track.last_issue is None or t - track.last_issue >= h / 16.0:
                 point = self.base.forecast(t, h)
                 if point is not None:
@@ -121,17 +122,17 @@ class QuantileForecaster:
         above = [k for k in usable if k >= h]
         if below and above:
             lo, hi = max(below), min(above)
-            m_lo = sample_quantile(list(usable[lo].residuals), quantile)
+            m_lo = usable[lo].quantile(quantile)
             if hi == lo:
                 return m_lo
-            m_hi = sample_quantile(list(usable[hi].residuals), quantile)
+            m_hi = usable[hi].quantile(quantile)
             w = (h - lo) / (hi - lo)
             return m_lo + w * (m_hi - m_lo)
         if above:  # shorter than anything measured: the shortest measured margin is a safe bound
-            return sample_quantile(list(usable[min(above)].residuals), quantile)
+            return usable[min(above)].quantile(quantile)
         # longer than anything measured: grow like a random walk from the longest one
         longest = max(below)
-        return sample_quantile(list(usable[longest].residuals), quantile) * math.sqrt(h / longest)
+        return usable[longest].quantile(quantile) * math.sqrt(h / longest)
 
     def _floor(self) -> float:
         return max(0.1 * self.level, 1e-9)
@@ -180,9 +181,17 @@ class QuantileForecaster:
 class _Track:
     """Per-horizon bookkeeping: forecasts awaiting their target time and the recent errors."""
 
-    __slots__ = ("last_issue", "pending", "residuals")
+    __slots__ = ("cache", "last_issue", "pending", "residuals")
 
     def __init__(self, pending: deque, residuals: deque, last_issue: float | None) -> None:
         self.pending: deque[tuple[float, float]] = pending
         self.residuals: deque[float] = residuals
         self.last_issue = last_issue
+        # quantile -> value, cleared on each new residual (the policy asks several times per step)
+        self.cache: dict[float, float] = {}
+
+    def quantile(self, q: float) -> float:
+        value = self.cache.get(q)
+        if value is None:
+            value = self.cache[q] = sample_quantile(list(self.residuals), q)
+        return value

@@ -5,22 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from preheat.forecast.base import Forecaster
+from preheat.forecast.ensemble import EnsembleForecaster
 from preheat.forecast.holt_winters import DAY_S, HoltWinters
 from preheat.forecast.quantile import DEFAULT_HORIZONS_S, QuantileForecaster
 from preheat.forecast.simple import Persistence, SeasonalNaive
 from preheat.forecast.trend import TrendForecaster
 
-KINDS = ("auto", "holt-winters", "trend", "persistence", "seasonal-naive")
+KINDS = ("auto", "ensemble", "holt-winters", "trend", "persistence", "seasonal-naive")
 
 
-def season_knots(step_s: float, season_s: float = DAY_S, lo: int = 24, hi: int = 288) -> int:
-    """Knots for a season: one per sample spacing, between `lo` and `hi` (e.g. 288 = 5-minute buckets).
+def season_knots(step_s: float, season_s: float = DAY_S, bucket_s: float = 3600.0) -> int:
+    """Knots of a seasonal profile: hourly buckets (24 a day), coarser only for coarser samples.
 
-    15 s or 60 s samples share 5-minute buckets (288 a day); 10-minute windows get 144 knots.
+    Any sample spacing (15 s, 60 s, 10-minute windows) is resampled onto these knots; the profile
+    between them is linear. Hourly beat finer grids in the benchmark (see HoltWinters).
     """
     if not step_s > 0:
         raise ValueError(f"step_s must be positive, got {step_s!r}")
-    return int(min(hi, max(lo, round(season_s / step_s))))
+    return max(1, round(season_s / max(step_s, bucket_s)))
 
 
 def make_forecaster(
@@ -34,28 +36,40 @@ def make_forecaster(
 ) -> Forecaster:
     """A forecaster by name, sized for samples every `step_s` seconds.
 
-    kinds: "auto" and "holt-winters" (seasonal Holt-Winters falling back to the trend model while
-    history is short), "trend" (damped Holt), "persistence", "seasonal-naive". Extra keyword
-    arguments go to the model's constructor. With `quantile_tracking` (the default) the model is
+    kinds: "auto" (= "ensemble": Holt-Winters, trend and persistence weighted per horizon by their
+    recent errors), "holt-winters" (seasonal, falling back to the trend model while history is
+    short), "trend" (damped Holt), "persistence", "seasonal-naive". Extra keyword arguments go to
+    the Holt-Winters or trend constructor. With `quantile_tracking` (the default) the model is
     wrapped in a QuantileForecaster, so `forecast_upper` comes from its measured errors.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown forecaster kind {kind!r}; choose one of {', '.join(KINDS)}")
     knots = season_knots(step_s, season_s)
     base: Forecaster
-    if kind in ("auto", "holt-winters"):
+    if kind in ("auto", "ensemble"):
+        base = EnsembleForecaster(
+            {
+                "holt-winters": HoltWinters(season_s=season_s, knots=knots, weekly=weekly, **params),
+                "trend": TrendForecaster(),
+                "persistence": Persistence(),
+            },
+            horizons_s=horizons_s,
+        )
+    elif kind == "holt-winters":
         base = HoltWinters(season_s=season_s, knots=knots, weekly=weekly, **params)
     elif kind == "trend":
         base = TrendForecaster(**params)
     elif kind == "persistence":
         base = Persistence()
     else:
-        base = SeasonalNaive(season_s=season_s, knots=knots)
+        # textbook seasonal naive: the value one season ago at the sample resolution (<= 1440 a day)
+        base = SeasonalNaive(season_s=season_s, knots=min(1440, max(1, round(season_s / step_s))))
     return QuantileForecaster(base, horizons_s=horizons_s) if quantile_tracking else base
 
 
 _CLASSES: dict[str, Any] = {
-    cls.kind: cls for cls in (HoltWinters, TrendForecaster, Persistence, SeasonalNaive, QuantileForecaster)
+    cls.kind: cls
+    for cls in (HoltWinters, TrendForecaster, Persistence, SeasonalNaive, QuantileForecaster, EnsembleForecaster)
 }
 
 

@@ -74,6 +74,10 @@ def test_capacity_lead_is_positive_when_serving_replicas_precede_the_demand():
     lead_late = {x["replicas"]: x["lead_s"] for x in M.capacity_lead(late, need_t, need)}
     assert lead_early == {2: 2.0, 3: 2.0}
     assert lead_late == {2: -2.0, 3: -3.0}
+    # a warm replica counts as loaded capacity, not as serving capacity
+    warm = [Sample(0.0, (pod("a", "serving", True), pod("b", "warm", True))), Sample(4.0, (pod("a", "serving", True), pod("b", "serving", True)))]
+    assert M.capacity_lead(warm, need_t, need, loaded=True)[0]["lead_s"] == 3.0
+    assert M.capacity_lead(warm, need_t, need)[0]["lead_s"] == -1.0
     never = M.capacity_lead([Sample(0.0, (pod("x", "serving", True),))], need_t, need)
     assert all(math.isinf(x["lead_s"]) and x["lead_s"] < 0 for x in never)
 

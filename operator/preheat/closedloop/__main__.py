@@ -60,11 +60,13 @@ def summary_line(headline: dict) -> str:
         att = h.get("slo_attainment")
         rs = h.get("replica_seconds")
         lead = h.get("mean_capacity_lead_s")
+        loaded = h.get("mean_loaded_capacity_lead_s")
         parts.append(
             f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}, "
             f"{'-' if rs is None else f'{rs:.0f}'} replica-s, "
             f"{h.get('cold_starts_hidden')} cold starts hidden by {h.get('promotions')} promotions, "
-            f"capacity lead {'-' if lead is None else f'{lead:+.0f} s'}"
+            f"serving capacity lead {'-' if lead is None else f'{lead:+.0f} s'}, "
+            f"loaded capacity lead {'-' if loaded is None else f'{loaded:+.0f} s'}"
         )
     return " | ".join(parts)
 

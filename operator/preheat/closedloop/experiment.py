@@ -317,6 +317,7 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
     reactions = M.reaction_times(decs, samples)
     rs = M.replica_seconds(samples, 0.0, t_end)
     lead = M.capacity_lead(samples, need_t, need, min_level=2)
+    loaded_lead = M.capacity_lead(samples, need_t, need, min_level=2, loaded=True)
     vt, vc = M.violations_per_bin(records, 5.0, t_end)
     return {
         "slo": summary,
@@ -331,6 +332,7 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
         "scale_ups": reactions,
         "decisions": decs,
         "capacity_lead": lead,
+        "loaded_capacity_lead": loaded_lead,
         "cold_start_s": M.cold_start_seconds(samples),
         "max_serving": max((s.serving_ready for s in samples), default=0),
         "metrics_available": any(
@@ -369,6 +371,7 @@ class Comparison:
         out = {}
         for mode, r in self.modes.items():
             leads = [x["lead_s"] for x in r.get("capacity_lead", []) if np.isfinite(x["lead_s"])]
+            loaded = [x["lead_s"] for x in r.get("loaded_capacity_lead", []) if np.isfinite(x["lead_s"])]
             out[mode] = {
                 "slo_attainment": r.get("slo_attainment"),
                 "p50_latency_s": r.get("p50_latency_s"),
@@ -377,6 +380,7 @@ class Comparison:
                 "promotions": r.get("promotions"),
                 "cold_starts_hidden": r.get("cold_starts_hidden"),
                 "mean_capacity_lead_s": float(np.mean(leads)) if leads else None,
+                "mean_loaded_capacity_lead_s": float(np.mean(loaded)) if loaded else None,
                 "max_serving": r.get("max_serving"),
             }
         return out

@@ -141,11 +141,15 @@ def need_series(offered_t: np.ndarray, offered_rps: np.ndarray, target_per_repli
 
 
 def capacity_lead(
-    samples: Sequence[Sample], need_t: np.ndarray, need: np.ndarray, min_level: int = 2
+    samples: Sequence[Sample], need_t: np.ndarray, need: np.ndarray, min_level: int = 2,
+    loaded: bool = False,
 ) -> list[dict]:
     """For each replica count k the load comes to need (k ≥ min_level): when it first needed k
-    serving replicas, when k were first serving and Ready, and the lead (positive = capacity was in
-    place before the demand arrived; negative = demand waited).
+    serving replicas, when k were first in place, and the lead (positive = capacity was in place
+    before the demand arrived; negative = demand waited).
+
+    "In place" means serving and Ready; with `loaded=True` it means loaded and Ready, serving or in
+    the warm pool (a warm replica becomes serving by a relabel, without a cold start).
     """
     ordered = sorted(samples, key=lambda s: s.t_s)
     out = []
@@ -155,7 +159,7 @@ def capacity_lead(
         if idx.size == 0:
             continue
         t_need = float(need_t[idx[0]])
-        have = [s.t_s for s in ordered if s.serving_ready >= k]
+        have = [s.t_s for s in ordered if (s.serving_ready + (s.warm_ready if loaded else 0)) >= k]
         t_have = have[0] if have else math.inf
         out.append({"replicas": k, "t_need_s": t_need, "t_have_s": t_have, "lead_s": t_need - t_have})
     return out

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from preheat.closedloop import LoopConfig, compare
 from preheat.closedloop.__main__ import summary_line
-from preheat.loadgen import from_trace
-from preheat.sim.traces import load_trace
+from preheat.closedloop.workload import ramp_arrivals
 
 DATA = Path(__file__).parent / "data"
 
@@ -26,9 +25,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 
 def test_preheat_has_capacity_before_the_ramp_and_reactive_does_not(local_cluster, tmp_path):
-    trace = load_trace(DATA / "servegen_m-small_day2_morning.csv")
-    # 03:30 → 11:30 of day 2: trough, then the ramp (~2.7x); 240x → 120 s; 1 % of the rate
-    arrivals = from_trace(trace, compress=240, rate_scale=0.01, start_s=12600, duration_s=8 * 3600, seed=0)
+    # 03:30 → 11:30 of m-small's day 2 (the excerpt starts at day 2 00:00): trough, then the ramp
+    arrivals = ramp_arrivals(DATA / "servegen_m-small_day2_morning.csv", day=0)
     cluster = getattr(local_cluster, "cluster", None)  # the LocalCluster: scrapes host processes too
     cfg = LoopConfig(
         kubeconfig=Path(local_cluster.kubeconfig),

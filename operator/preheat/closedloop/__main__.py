@@ -17,15 +17,12 @@ from pathlib import Path
 
 from preheat.loadgen import from_trace
 
+from . import workload as W
 from .experiment import MODES, LoopConfig, compare
 from .plot import plot_comparison
 
-# The default workload: ServeGen m-small, day 2 from 03:30 for 8 hours: the overnight trough, then
-# the morning ramp (~2.7x). 240x compression plays it in 120 s; 1 % of the real rate keeps the peak
-# at a few replicas of the tiny model on two shared cores.
 DEFAULT_TRACE = "../shared/traces/servegen_m-small_10min.csv"
-DEFAULT_START_S = 86400 + 3.5 * 3600
-DEFAULT_DURATION_S = 8 * 3600
+DEFAULT_START_S = 86400 + W.SLICE_START_IN_DAY_S  # day 2, 03:30 (see preheat.closedloop.workload)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,17 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-state", type=Path, default=Path(".cluster"), help="local cluster state dir")
     p.add_argument("--trace", type=Path, default=Path(DEFAULT_TRACE), help="any trace preheat.sim.traces reads")
     p.add_argument("--start-s", type=float, default=DEFAULT_START_S, help="slice start, trace seconds")
-    p.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S, help="slice length, trace seconds")
-    p.add_argument("--compress", type=float, default=240.0, help="time compression factor")
-    p.add_argument("--rate-scale", type=float, default=0.01, help="multiply the trace's request rate")
+    p.add_argument("--duration-s", type=float, default=W.SLICE_DURATION_S, help="slice length, trace seconds")
+    p.add_argument("--compress", type=float, default=W.COMPRESS, help="time compression factor")
+    p.add_argument("--rate-scale", type=float, default=W.RATE_SCALE, help="multiply the trace's request rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: preheat, reactive")
-    p.add_argument("--target-per-replica", type=float, default=3.0, help="requests/s one serving replica takes")
+    p.add_argument("--target-per-replica", type=float, default=1.5, help="requests/s one serving replica takes")
     p.add_argument("--max-replicas", type=int, default=5)
-    p.add_argument("--slo-ms", type=float, default=1500.0, help="end-to-end latency budget per request")
+    p.add_argument("--slo-ms", type=float, default=3000.0, help="end-to-end latency budget per request")
     p.add_argument("--interval-s", type=float, default=3.0, help="the operator's decision interval")
     p.add_argument("--max-num-seqs", type=int, default=2, help="model-server slots per replica")
-    p.add_argument("--max-queue", type=int, default=8, help="model-server queue bound (429 beyond)")
+    p.add_argument("--max-queue", type=int, default=4, help="model-server queue bound (429 beyond)")
     p.add_argument("--out", type=Path, default=Path("bench-results/closedloop.json"))
     p.add_argument("--plot", type=Path, default=Path("bench-results/closedloop.png"))
     p.add_argument("--work-dir", type=Path, default=Path(".closedloop"), help="operator logs")

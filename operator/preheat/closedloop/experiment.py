@@ -52,16 +52,16 @@ class LoopConfig:
     out_dir: Path
     endpoint: str = "tiny"
     model: str = "tiny"
-    target_per_replica: float = 3.0
+    target_per_replica: float = 1.5
     min_replicas: int = 1
     max_replicas: int = 5
     warm_pool_min: int = 1
     warm_pool_max: int = 2
     interval_s: float = 3.0
     scale_down_stabilization_s: int = 60
-    slo_ms: float = 1500.0
+    slo_ms: float = 3000.0
     max_num_seqs: int = 2
-    max_queue: int = 8
+    max_queue: int = 4
     window: str = "20s"
     panic_window: str = "10s"
     sample_interval_s: float = 2.0

@@ -116,8 +116,8 @@ def from_rate_series(
     window_s: float | None = None,
     start_s: float | None = None,
     duration_s: float | None = None,
-    prompt_tokens: tuple[int, int] = (8, 32),
-    max_tokens: tuple[int, int] = (8, 16),
+    prompt_tokens: tuple[int, int] = (8, 24),
+    max_tokens: tuple[int, int] = (4, 8),
     seed: int = 0,
 ) -> list[Arrival]:
     """Draw per-request arrivals from a windowed rate series (ServeGen 10-minute counts).

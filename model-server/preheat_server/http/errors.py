@@ -48,23 +48,35 @@ def _loc_to_param(loc: tuple) -> str:
 
 
 def from_validation_error(err: ValidationError) -> APIError:
-    """The first problem of a pydantic validation error as a 400 naming the offending parameter."""
+    """The most telling problem of a pydantic validation error, as a 400 naming the offending parameter.
+
+    When a union field fails in every branch, a branch whose type matched but whose value did not
+    (too long, out of range) says more than "not a string"; if every branch failed on type, the
+    message says which type was sent.
+    """
     errors = err.errors(include_url=False)
     first = errors[0]
-    param = _loc_to_param(tuple(first["loc"]))
-    # Every branch of a union failed: say which types are accepted instead of the last branch's complaint.
-    same = [e for e in errors if _loc_to_param(tuple(e["loc"])) == param]
-    if first["type"] == "missing":
+    top = first["loc"][0] if first["loc"] else None
+    same_field = [e for e in errors if (e["loc"][0] if e["loc"] else None) == top]
+    value_errors = [e for e in same_field if not e["type"].endswith("_type") and e["type"] != "missing"]
+    chosen = value_errors[0] if value_errors else first
+    param = _loc_to_param(tuple(chosen["loc"]))
+    if chosen["type"] == "missing":
         message = f"Missing required parameter '{param}'."
-    elif first["type"] == "extra_forbidden":
+    elif chosen["type"] == "extra_forbidden":
         message = f"Unrecognized parameter '{param}'."
-    elif len(same) > 1 and all(e["type"].endswith("_type") for e in same):
-        message = f"Invalid type for '{param}': got {_describe(first.get('input'))}."
-    elif first["type"] == "value_error":
-        message = f"Invalid value for '{param}': {first['msg'].removeprefix('Value error, ')}"
+    elif not value_errors and len(same_field) > 1:
+        param = _loc_to_param(tuple(first["loc"]))
+        message = f"Invalid type for '{param}': got {_describe(_input_at(first))}."
+    elif chosen["type"] == "value_error":
+        message = f"Invalid value for '{param}': {chosen['msg'].removeprefix('Value error, ')}"
     else:
-        message = f"Invalid value for '{param}': {first['msg']}" + _got(first)
-    return APIError(400, message, param=param or None, code=first["type"])
+        message = f"Invalid value for '{param}': {chosen['msg']}" + _got(chosen)
+    return APIError(400, message, param=param or None, code=chosen["type"])
+
+
+def _input_at(e: dict) -> Any:
+    return e.get("input")
 
 
 def _got(e: dict) -> str:

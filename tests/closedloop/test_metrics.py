@@ -129,3 +129,35 @@ def test_modes_share_the_endpoint_and_differ_in_the_operator_switch(tmp_path):
     assert "--reactive-only" not in OperatorProcess(cfg, "ns", "preheat", tmp_path / "log").argv()
     with pytest.raises(ValueError, match="mode"):
         endpoint_manifest(cfg, "hpa")
+
+
+def test_analysis_and_plot_of_a_recorded_run(tmp_path):
+    """The whole report path on a recorded (synthetic) run: figures, JSON and a real PNG."""
+    import json
+
+    from preheat.closedloop.experiment import Comparison, analyse
+    from preheat.closedloop.plot import plot_comparison
+    from preheat.loadgen import Arrival
+
+    cfg = LoopConfig(kubeconfig=tmp_path / "k", prometheus_url="http://127.0.0.1:9090", out_dir=tmp_path,
+                     target_per_replica=1.0, interval_s=3.0, sample_interval_s=2.0)
+    arrivals = [Arrival(i * 0.5, 8, 4) for i in range(20)] + [Arrival(10 + i * 0.25, 8, 4) for i in range(40)]
+    records = [RequestRecord(i, a.t_s, 8, 4, sent_s=a.t_s, done_s=a.t_s + 0.2, status=200, slo_met=a.t_s < 15)
+               for i, a in enumerate(arrivals)]
+    samples = []
+    for t in range(0, 22, 2):
+        pods = [pod("a", "serving", True, created=-30, ready_since=-20)]
+        pods.append(pod("w", "serving" if t >= 10 else "warm", True, created=-30, ready_since=-15))
+        if t >= 6:
+            pods.append(pod("n", "warm", t >= 14, created=6, ready_since=14 if t >= 14 else None))
+        samples.append(Sample(float(t), tuple(pods), {"observedRate": 2.0 if t < 10 else 4.0, "forecastRate": 4.0,
+                                                      "conditions": [{"type": "MetricsAvailable", "status": "True"}]}))
+    r = analyse(cfg, records, samples, arrivals, 20.0, 0.0)
+    assert r["promotions"] == 1 and r["cold_starts_hidden"] == 1
+    assert r["slo"]["requests"] == 60 and r["slo_attainment"] == pytest.approx(sum(x.slo_met for x in records) / 60)
+    assert r["metrics_available"] and r["max_serving"] == 2
+    assert r["replica_seconds"]["total"] == pytest.approx(20 + 20 + 8 + 6)  # a, w, n starting 6→14, warm 14→20
+    comp = Comparison(modes={"preheat": r, "reactive": r})
+    out = json.loads(json.dumps(comp.to_json(), default=float))
+    png = plot_comparison(out, tmp_path / "loop.png", cfg.target_per_replica)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

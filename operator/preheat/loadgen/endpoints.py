@@ -106,6 +106,7 @@ class EndpointSliceWatcher:
         self.service = service
         self.port_name = port_name
         self.interval_s = interval_s
+        self._owns_client = api_client is None  # close only a client we made
         self._api_client = api_client or config.new_client_from_config(
             config_file=str(kubeconfig) if kubeconfig else None
         )
@@ -150,4 +151,5 @@ class EndpointSliceWatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._api_client.close()
+        if self._owns_client:
+            self._api_client.close()

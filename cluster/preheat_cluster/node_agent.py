@@ -214,6 +214,7 @@ class Container:
     probes: dict[str, ProbeState] = field(default_factory=dict)
     kill_reason: str | None = None  # why the agent is stopping it (liveness, startup probe)
     reaped: bool = False  # this process's exit has been accounted for
+    env: dict[str, str] = field(default_factory=dict)  # the environment it was started with (for probes)
 
     @property
     def name(self) -> str:
@@ -403,7 +404,7 @@ class PodWorker:
         restart = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
         if c.init:
             restart = exit_code != 0 and policy != "Never"
-        if not restart:
+        if not restart or self.deleting:
             c.done = True
             return
         if ran >= BACKOFF_RESET_S:
@@ -457,6 +458,7 @@ class PodWorker:
             return
         (self.dir / "pids" / f"{c.name}.pid").write_text(str(c.proc.pid))
         c.started_at = time.monotonic()
+        c.env = env
         c.state = {"running": {"startedAt": now_iso()}}
         threading.Thread(target=self._await_exit, args=(c.proc,), daemon=True, name=f"wait-{c.proc.pid}").start()
         self.agent.event(self.pod, "Normal", "Started", f"Started container {c.name} (pid {c.proc.pid})")
@@ -484,7 +486,7 @@ class PodWorker:
 
     def _probe(self, c: Container) -> None:
         t = time.monotonic()
-        env = self._env(c)
+        env = c.env
         startup = c.probes.get("startup")
         for kind in ("startup", "liveness", "readiness"):
             p = c.probes.get(kind)
@@ -754,7 +756,7 @@ class PodWorker:
             conds.append(old["PodScheduled"])
         st = {"phase": phase, "conditions": conds, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
               "podIP": self.ip, "podIPs": [{"ip": self.ip}], "startTime": self.start_time,
-              "containerStatuses": cs, "qosClass": (self.pod.get("status") or {}).get("qosClass", "BestEffort")}
+              "containerStatuses": cs}
         if inits:
             st["initContainerStatuses"] = inits
         return st
@@ -819,7 +821,7 @@ class PodWorker:
 
     def _pre_stop(self, c: Container, hook: dict, deadline: float) -> None:
         ok, msg = run_probe({**hook, "timeoutSeconds": max(1, int(deadline - time.monotonic()))},
-                            pod_ip=self.ip, ports=self._ports(c), env=self._env(c),
+                            pod_ip=self.ip, ports=self._ports(c), env=c.env,
                             cwd=self._workdir(c, self.mounts.get(c.name, {})))
         if not ok:
             self.agent.event(self.pod, "Warning", "FailedPreStopHook", f"PreStop hook failed: {msg}")
@@ -957,10 +959,11 @@ class NodeAgent:
                     w.gone()
                 w = watch.Watch()
                 for ev in w.stream(self.core.list_pod_for_all_namespaces, field_selector=sel, resource_version=rv,
-                                   timeout_seconds=300, allow_watch_bookmarks=True, _preload_content=False):
+                                   timeout_seconds=300, allow_watch_bookmarks=True, deserialize=False):
                     if self.stopping.is_set():
                         return
-                    obj = ev["raw_object"]
+                    # Plain dicts: deserialising every event into models costs CPU for nothing.
+                    obj = ev["object"]
                     if ev["type"] == "ERROR":
                         break
                     if ev["type"] == "BOOKMARK":

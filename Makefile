@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries prometheus test test-unit test-cluster lint cluster-up cluster-down demo \
+.PHONY: setup binaries test test-unit test-cluster lint cluster-up cluster-down demo \
         bench-server bench-sim bench-forecast clean
 
 # The venv is rebuilt only when pyproject.toml changes; pip's cache lives outside the repo.
@@ -18,28 +18,27 @@ setup: $(STAMP)
 binaries:
 	bash cluster/build-binaries.sh all
 
-prometheus:
-	bash scripts/install-prometheus.sh
-
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup binaries prometheus
+# scripts/test.sh builds the binaries and the venv side by side (a fresh machine spends most of its
+# time there), then runs ruff and one pytest session.
+test:
 	bash scripts/test.sh
 
 test-unit: setup
 	$(PY) -m pytest -m "not cluster" tests
 
-test-cluster: setup binaries prometheus
+test-cluster: setup binaries
 	$(PY) -m pytest -m cluster tests
 
-cluster-up: setup binaries prometheus
+cluster-up: setup binaries
 	$(PY) -m preheat_cluster up
 
 cluster-down:
 	@if [ -x $(PY) ]; then $(PY) -m preheat_cluster down; else echo "no venv: nothing started"; fi
 
-demo: setup binaries prometheus
+demo: setup binaries
 	bash scripts/demo.sh
 
 bench-server: setup

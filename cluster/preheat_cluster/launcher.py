@@ -317,6 +317,9 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+            # The endpoint reconciler refuses a loopback advertise address; nothing routes Service
+            # traffic here anyway (no kube-proxy), so the `kubernetes` Service needs no endpoints.
+            "--endpoint-reconciler-type=none",
             "--profiling=false", "--v=1",
         ])
         self._write_kubeconfig(self.kubeconfig, "admin")

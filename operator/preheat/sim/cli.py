@@ -41,11 +41,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
+    from dataclasses import fields
+
+    from preheat.policy import PolicyConfig
+
+    known = {f.name for f in fields(PolicyConfig)} | {"forecaster"}
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise SimError(f"--preheat expects KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
+        if k.strip() not in known:
+            raise SimError(f"--preheat: {k.strip()!r} is not a PolicyConfig field; known: {', '.join(sorted(known))}")
         try:
             out[k.strip()] = json.loads(v)
         except json.JSONDecodeError:

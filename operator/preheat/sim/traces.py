@@ -245,7 +245,7 @@ def _read_csv(name: str, text: str) -> Trace:
         except ValueError as e:
             raise TraceError(f"{name}: timestamps are neither seconds nor datetimes ({e})") from None
         if np.any(np.isnat(stamps)):
-            raise TraceError(f"{name}: some timestamps are empty")
+            raise TraceError(f"{name}: some timestamps are empty") from None
         t = (stamps - stamps.min()).astype("timedelta64[ns]").astype(np.int64) / 1e9
         fmt = "csv (datetime timestamps)"
     inp = out = None

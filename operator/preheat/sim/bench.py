@@ -1,0 +1,122 @@
+"""`make bench-sim`: every trace in the shared folder x every policy x (30 s, measured) cold starts.
+
+Runs exactly what `preheat simulate --policy all` runs, writes one JSON with every result, the
+Must-show checks (Preheat's SLO attainment and replica-seconds against each baseline), the wall time
+of each run (the 14-day series and the one-hour per-request traces), plots, and a Markdown table.
+
+    python -m preheat.sim.bench --out bench-results/simulate.json [--traces-dir DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from preheat.sim import cli
+
+TRACES = {
+    "azure-code": "azure_llm_2023_code.csv",
+    "mooncake": "mooncake_conversation.jsonl",
+    "m-small": "servegen_m-small_10min.csv",
+    "m-mid": "servegen_m-mid_10min.csv",
+    "deepseek-r1": "servegen_deepseek-r1_10min.csv",
+}
+COLD_FILE = "alibaba_cold_starts_ms.csv"
+
+
+def checks(policies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets for Preheat on one run."""
+    p = policies.get("preheat")
+    if p is None:
+        return {}
+    others = {k: v for k, v in policies.items() if k not in ("preheat", "oracle", "fixed")}
+    out: dict[str, Any] = {
+        "attainment_ge_99": p["slo_attainment"] >= 0.99,
+        "attainment_ge_baselines": all(p["slo_attainment"] >= v["slo_attainment"] - 1e-12 for v in others.values()),
+    }
+    if "oracle" in policies:
+        ratio = p["replica_seconds"] / policies["oracle"]["replica_seconds"]
+        out["replica_seconds_vs_oracle"] = ratio
+        out["replica_seconds_le_1_25_oracle"] = ratio <= 1.25
+    if "fixed" in policies:
+        out["replica_seconds_lt_fixed"] = p["replica_seconds"] < policies["fixed"]["replica_seconds"]
+    return out
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| trace | cold start | policy | SLO attainment | p99 TTFT (ms) | replica-hours | × oracle | scale actions | cold starts | promotions |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        oracle = run["policies"].get("oracle", {}).get("replica_seconds")
+        for name, r in run["policies"].items():
+            p99 = "∞" if r["p99_latency_ms"] is None else f"{r['p99_latency_ms']:.0f}"
+            ratio = f"{r['replica_seconds'] / oracle:.2f}" if oracle else ""
+            bold = "**" if name == "preheat" else ""
+            lines.append(
+                f"| {run['trace_key']} | {run['cold_key']} | {bold}{name}{bold} | {100 * r['slo_attainment']:.2f} % | {p99} "
+                f"| {r['replica_seconds'] / 3600:.1f} | {ratio} | {r['scale_actions']} | {r['cold_starts']} | {r['promotions']} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m preheat.sim.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench-results/simulate.json")
+    ap.add_argument("--traces-dir", default=os.environ.get("PREHEAT_TRACES", "/work/shared/traces"))
+    ap.add_argument("--only", help="comma list of trace keys")
+    ap.add_argument("--policy", default="all")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    tdir = Path(args.traces_dir)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    keys = args.only.split(",") if args.only else list(TRACES)
+    colds = {"30 s": "30", "measured": str(tdir / COLD_FILE)}
+    runs: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for key in keys:
+        path = tdir / TRACES[key]
+        if not path.exists():
+            print(f"skipping {key}: {path} not found", file=sys.stderr)
+            continue
+        for cold_key, cold in colds.items():
+            stem = f"{out.stem}-{key}-{'30s' if cold_key == '30 s' else 'measured'}"
+            argv_sim = ["--trace", str(path), "--policy", args.policy, "--cold-start", cold]
+            if not args.no_plots:
+                argv_sim += ["--plot", str(out.parent / f"{stem}.png")]
+            print(f"\n== {key}, cold start {cold_key}: preheat simulate {' '.join(argv_sim)}", flush=True)
+            t0 = time.perf_counter()
+            result = cli.run(cli.parser().parse_args(argv_sim))
+            result.update(trace_key=key, cold_key=cold_key, command="preheat simulate " + " ".join(argv_sim),
+                          wall_s_all_policies=time.perf_counter() - t0, checks=checks(result["policies"]))
+            print(json.dumps(result["checks"]))
+            runs.append(result)
+    timing = {
+        f"{r['trace_key']} ({r['cold_key']})": {name: p["wall_s"] for name, p in r["policies"].items()}
+        for r in runs
+    }
+    doc = {
+        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "note": "wall_s is per policy on one core; the 14-day series are m-small and m-mid, the one-hour "
+        "per-request traces azure-code and mooncake",
+        "total_wall_s": time.perf_counter() - started,
+        "timing_s": timing,
+        "runs": runs,
+    }
+    out.write_text(json.dumps(doc, indent=2))
+    table = markdown(runs)
+    out.with_suffix(".md").write_text(table + "\n")
+    print("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

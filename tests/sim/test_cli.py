@@ -1,0 +1,62 @@
+"""`preheat simulate` end to end on a committed excerpt: table, JSON and PNG; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from preheat.cli import main as preheat_main
+
+from tests.sim.tracegen import write_series
+
+
+def test_simulate_all_policies_writes_json_and_png(data_dir, tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = preheat_main([
+        "simulate", "--trace", str(data_dir / "mooncake_conversation_excerpt.jsonl"), "--policy", "all",
+        "--slo-ms", "5000", "--cold-start", "20", "--capacity-rps", "0.5", "--json", str(out), "--plot", str(png),
+    ])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == {"preheat", "hpa", "kpa", "keda", "aibrix", "fixed", "oracle"}
+    for r in doc["policies"].values():
+        for key in ("slo_attainment", "p50_latency_ms", "p99_latency_ms", "replica_seconds", "scale_actions",
+                    "cold_starts", "cold_starts_hidden_by_promotions"):
+            assert key in r
+        assert 0.0 <= r["slo_attainment"] <= 1.0
+        assert r["requests"] == 300
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "oracle" in capsys.readouterr().out
+
+
+def test_simulate_cold_start_file_and_token_signal(data_dir, tmp_path):
+    cold = tmp_path / "cold.csv"
+    cold.write_text("cold_start_ms\n5000\n20000\n45000\n")
+    out = tmp_path / "r.json"
+    rc = preheat_main([
+        "simulate", "--trace", str(data_dir / "azure_llm_2023_code_excerpt.csv"), "--policy", "hpa,oracle",
+        "--cold-start", str(cold), "--capacity-tps", "20000", "--json", str(out),
+    ])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == {"hpa", "oracle"}
+    assert "tokens/s" in doc["fleet"] and "cold.csv" in doc["cold_start"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "/nonexistent/trace.csv"], "not found"),
+        (["--policy", "magic"], "unknown policy"),
+        (["--cold-start", "soon"], "neither a number nor an existing file"),
+        (["--capacity-rps", "-3"], "positive"),
+        (["--slo-ms", "0"], "slo-ms"),
+        (["--preheat", "no_such_field=1"], "preheat"),
+        (["--capacity-tps", "100"], "token counts"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys, args, message):
+    trace = write_series(tmp_path / "s.csv", [10.0, 12.0, 11.0])
+    argv = ["simulate", "--trace", str(trace), "--policy", "hpa", *args]
+    assert preheat_main(argv) == 2
+    assert message in capsys.readouterr().err

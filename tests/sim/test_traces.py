@@ -1,0 +1,108 @@
+"""Trace readers on the committed excerpts and on generated files: formats, gaps, scaling, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from preheat.sim.traces import RequestTrace, SeriesTrace, TraceError, load_cold_start, load_trace
+
+from tests.sim.tracegen import write_requests, write_series
+
+
+def test_azure_excerpt_datetimes_and_tokens(data_dir):
+    tr = load_trace(data_dir / "azure_llm_2023_code_excerpt.csv")
+    assert isinstance(tr, RequestTrace) and tr.has_tokens
+    assert len(tr.arrival_s) == 700
+    assert tr.arrival_s[0] == 0.0 and np.all(np.diff(tr.arrival_s) >= 0)
+    # the excerpt's first row is 2023-11-16 18:17:03.97996, its second 0.052 s later
+    assert tr.arrival_s[1] == pytest.approx(0.052, abs=1e-6)
+    assert tr.input_tokens[0] == 4808 and tr.output_tokens[0] == 10
+    assert "datetime" in tr.source_format
+
+
+def test_mooncake_excerpt_milliseconds(data_dir):
+    tr = load_trace(data_dir / "mooncake_conversation_excerpt.jsonl")
+    assert isinstance(tr, RequestTrace) and len(tr.arrival_s) == 300
+    assert tr.duration_s == pytest.approx(102.0)  # last timestamp 102000 ms
+    assert tr.input_tokens[0] == 6758 and tr.output_tokens[0] == 500
+
+
+def test_plain_csv_seconds(tmp_path):
+    tr = load_trace(write_requests(tmp_path / "t.csv", np.array([5.0, 1.0, 3.0])))
+    assert list(tr.arrival_s) == [0.0, 2.0, 4.0]  # sorted, shifted to start at 0
+    assert tr.source_format == "csv (timestamp s)"
+
+
+def test_series_zero_windows_are_missing(data_dir):
+    tr = load_trace(data_dir / "servegen_m-mid_2days.csv")
+    assert isinstance(tr, SeriesTrace) and tr.window_s == 600
+    assert tr.missing_windows == 11  # the excerpt's all-zero windows: a logging gap, not zero traffic
+    assert np.nanmin(tr.rate_rps) > 0
+
+
+def test_series_zero_kept_when_traffic_is_small(tmp_path):
+    # a quiet series (a few requests per window) can really be empty: zero stays zero
+    tr = load_trace(write_series(tmp_path / "s.csv", [0.01, 0.0, 0.02, 0.01]))
+    assert tr.missing_windows == 0 and tr.rate_rps[1] == 0.0
+
+
+def test_rate_scale(data_dir, tmp_path):
+    base = load_trace(data_dir / "mooncake_conversation_excerpt.jsonl")
+    double = load_trace(data_dir / "mooncake_conversation_excerpt.jsonl", rate_scale=2.0)
+    half = load_trace(data_dir / "mooncake_conversation_excerpt.jsonl", rate_scale=0.5, seed=1)
+    assert len(double.arrival_s) == 2 * len(base.arrival_s)
+    assert 100 < len(half.arrival_s) < 200
+    assert double.duration_s == pytest.approx(base.duration_s)  # same time shape, more load
+    series = load_trace(data_dir / "servegen_m-mid_2days.csv", rate_scale=0.01)
+    raw = load_trace(data_dir / "servegen_m-mid_2days.csv")
+    assert np.nanmax(series.rate_rps) == pytest.approx(0.01 * np.nanmax(raw.rate_rps))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("a,b\n1,2\n", "unrecognised CSV header"),
+        ("timestamp,input_tokens,output_tokens\n", "no requests"),
+        ("timestamp,input_tokens,output_tokens\n1,-5,3\n", "negative"),
+        ("t_s,total_rate_rps\n0,1\n600,2\n900,3\n", "constant window"),
+        ('{"timestamp": 1}\n{"foo": 2}\n', "timestamp"),
+        ("", "empty"),
+    ],
+)
+def test_bad_traces_say_why(tmp_path, content, message):
+    p = tmp_path / "bad.csv"
+    p.write_text(content)
+    with pytest.raises(TraceError, match=message):
+        load_trace(p)
+
+
+def test_missing_file_and_bad_scale(tmp_path):
+    with pytest.raises(TraceError, match="not found"):
+        load_trace(tmp_path / "nope.csv")
+    with pytest.raises(TraceError, match="rate-scale"):
+        load_trace(write_requests(tmp_path / "t.csv", np.array([0.0, 1.0])), rate_scale=0)
+
+
+def test_cold_start_number_and_files(tmp_path):
+    assert load_cold_start("30").samples_s.tolist() == [30.0]
+    (tmp_path / "ms.csv").write_text("cold_start_ms\n1000\n3000\n")
+    (tmp_path / "s.csv").write_text("cold_start_s\n2\n4\n")
+    assert load_cold_start(str(tmp_path / "ms.csv")).samples_s.tolist() == [1.0, 3.0]
+    assert load_cold_start(str(tmp_path / "s.csv")).samples_s.tolist() == [2.0, 4.0]
+    (tmp_path / "bad.csv").write_text("latency\n1\n")
+    with pytest.raises(TraceError, match="cold_start_ms"):
+        load_cold_start(str(tmp_path / "bad.csv"))
+    with pytest.raises(TraceError, match="neither a number nor an existing file"):
+        load_cold_start("thirty")
+    with pytest.raises(TraceError, match="non-negative"):
+        load_cold_start("-1")
+
+
+def test_cold_start_sampler_is_seeded_and_peek_matches_draw(tmp_path):
+    (tmp_path / "ms.csv").write_text("cold_start_ms\n" + "\n".join(str(i * 1000) for i in range(1, 50)) + "\n")
+    model = load_cold_start(str(tmp_path / "ms.csv"))
+    a, b = model.sampler(3), model.sampler(3)
+    seq_a = [a.draw() for _ in range(10)]
+    assert seq_a == [b.draw() for _ in range(10)]
+    c = model.sampler(3)
+    assert c.peek() == c.draw() == seq_a[0]  # the oracle's foresight is the real next cold start

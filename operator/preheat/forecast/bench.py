@@ -109,11 +109,12 @@ def _score(preds: dict[str, dict[int, tuple[float, float]]], times: list[float],
 
 
 def run_statsmodels(times: list[float], values: list[float | None], eval_from_s: float,
-                    history_days: float = 7.0) -> dict[str, Any]:
+                    history_days: float = 7.0, filter_days: float = 3.0) -> dict[str, Any]:
     """ExponentialSmoothing (additive damped trend, additive daily season once two seasons exist).
 
     Missing windows are filled by linear interpolation (the model cannot take gaps). Parameters are
-    optimised once a day on the trailing `history_days`; every step re-runs the filter with them.
+    optimised once a day on the trailing `history_days`; every step re-runs statsmodels' filter
+    with them on the trailing `filter_days` (>= 2 seasons), so each forecast sees every sample so far.
     """
     from statsmodels.tools.sm_exceptions import ConvergenceWarning
     from statsmodels.tsa.holtwinters import ExponentialSmoothing
@@ -130,7 +131,9 @@ def run_statsmodels(times: list[float], values: list[float | None], eval_from_s:
     for i in range(len(times)):
         if filled[i] is None:
             continue
-        lo = max(0, i + 1 - int(history_days * season))
+        refit = params is None or i - last_fit >= season
+        days = history_days if refit else filter_days
+        lo = max(0, i + 1 - int(days * season))
         window = [v for v in filled[lo : i + 1] if v is not None]
         if len(window) < 12:
             continue
@@ -147,7 +150,7 @@ def run_statsmodels(times: list[float], values: list[float | None], eval_from_s:
                 seasonal_periods=season if seasonal else None,
                 initialization_method="estimated",
             )
-            if params is None or i - last_fit >= season or seasonal != params_seasonal:
+            if refit or seasonal != params_seasonal:
                 fit = model.fit(optimized=True)
                 params = {k: fit.params[k] for k in ("smoothing_level", "smoothing_trend", "damping_trend")}
                 if seasonal:

@@ -54,12 +54,18 @@ class EnsembleForecaster:
         self.dt_typ = 0.0
         self.t_last: float | None = None
         self.n = 0
+        # Per-update memos: the policy asks for the same (t, h) point and upper forecast, and for the
+        # weights of the same horizon, several times between two samples.
+        self._memo: dict[tuple[float, float], float | None] = {}
+        self._weights: dict[float, list[float]] = {}
 
     @property
     def ready(self) -> bool:
         return bool(self.members[self.names[0]].ready)
 
     def update(self, t_s: float, value: float | None) -> None:
+        self._memo.clear()
+        self._weights.clear()
         for m in self.members.values():
             m.update(t_s, value)
         sample = clean_sample(t_s, value)
@@ -93,13 +99,19 @@ class EnsembleForecaster:
                     self.mse[h][i] += w * (e2 - self.mse[h][i])
                     self.scored[h][i] = k + 1
             last = self.last_issue[h]
-            if last is None or t - last >= h / 16.0:
+            if last is None or t - last >= h / 8.0:
                 preds = [self.members[name].forecast(t, h) for name in self.names]
                 pend.append((t + h, preds))
                 self.last_issue[h] = t
 
     def weights(self, horizon_s: float) -> list[float]:
         """Member weights at this horizon (sum to 1)."""
+        cached = self._weights.get(horizon_s)
+        if cached is None:
+            cached = self._weights[horizon_s] = self._compute_weights(horizon_s)
+        return cached
+
+    def _compute_weights(self, horizon_s: float) -> list[float]:
         h = min(self.horizons, key=lambda k: abs(math.log(k / horizon_s))) if horizon_s > 0 else self.horizons[0]
         n = len(self.names)
         if min(self.scored[h]) < self.min_scored:
@@ -120,17 +132,27 @@ class EnsembleForecaster:
     def forecast(self, t_s: float, horizon_s: float) -> float | None:
         if not valid_query(t_s, horizon_s):
             return None
-        return self._combine([self.members[n].forecast(t_s, horizon_s) for n in self.names], horizon_s)
+        key = (t_s, horizon_s)
+        if key not in self._memo:
+            self._memo[key] = self._combine([self.members[n].forecast(t_s, horizon_s) for n in self.names], horizon_s)
+        return self._memo[key]
 
     def forecast_upper(self, t_s: float, horizon_s: float, quantile: float = 0.9) -> float | None:
+        """The weighted members' upper forecasts, raised to the highest member point forecast.
+
+        When members disagree (the seasonal model sees the morning ramp coming, persistence does
+        not) the combined point forecast sits between them; the disagreement is uncertainty, so it
+        goes into the upper forecast, which the policy turns into warm pool.
+        """
         if not valid_query(t_s, horizon_s):
             return None
         uppers = [self.members[n].forecast_upper(t_s, horizon_s, quantile) for n in self.names]
+        points = [self.members[n].forecast(t_s, horizon_s) for n in self.names]
         combined = self._combine(uppers, horizon_s)
         point = self.forecast(t_s, horizon_s)
-        if combined is None or point is None:
-            return point
-        return max(combined, point)
+        if point is None:
+            return None
+        return max([point, combined if combined is not None else point] + [p for p in points if p is not None])
 
     def to_dict(self) -> dict[str, Any]:
         return {

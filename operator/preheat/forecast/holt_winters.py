@@ -85,9 +85,11 @@ def _fill_circular(values: list[float | None]) -> list[float]:
 class HoltWinters:
     """Additive Holt-Winters with a damped trend, updated one sample at a time.
 
-    knots: points of the daily profile (24 = hourly, linearly interpolated): a smooth profile
-    forecasts better than a detailed one, whose knot-to-knot noise adds straight to the forecast
-    (measured in the benchmark: 24 knots beat 48, 96 and 144 on both 14-day ServeGen series);
+    knots: points of the daily profile (48 = every 30 minutes, linearly interpolated). A smooth
+    profile forecasts better than a detailed one, whose knot-to-knot noise adds straight to the
+    forecast (ServeGen benchmark: 96 and 144 knots clearly worse; 24 marginally better than 48),
+    but too smooth a profile smears a sharp morning ramp and pre-scales late; 48 keeps a 30-minute
+    ramp sharp enough to ask for capacity a cold start ahead (tests/brain/test_autoscaler.py);
     level_tau_s: time constant of the deseasonalised level; trend_tau_s: time constant of its slope,
     None (the default) for no trend: on the benchmark series a trend term added error, and the
     ensemble's trend member covers ramps; damping_s: trend damping; gamma: how much of a
@@ -102,7 +104,7 @@ class HoltWinters:
     def __init__(
         self,
         season_s: float = DAY_S,
-        knots: int = 24,
+        knots: int = 48,
         weekly: bool = False,
         weekly_knots: int = 168,
         level_tau_s: float = 300.0,

@@ -18,7 +18,7 @@ DEFAULT_HORIZONS_S = (60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 class QuantileForecaster:
     """Wraps a point forecaster and learns the distribution of its relative errors per horizon.
 
-    At each sample it issues the base model's forecast for every tracked horizon (at most 16 in
+    At each sample it issues the base model's forecast for every tracked horizon (at most 8 in
     flight per horizon); when the target time arrives it stores the relative error
     (actual - forecast) / max(forecast, floor) in a ring of the last `window` errors. The upper
     forecast is point + q-quantile(error) x max(point, floor). Relative errors keep the margin
@@ -36,7 +36,7 @@ class QuantileForecaster:
         horizons_s: tuple[float, ...] | list[float] = DEFAULT_HORIZONS_S,
         window: int = 288,
         min_residuals: int = 12,
-        max_horizons: int = 12,
+        max_horizons: int = 10,
     ) -> None:
         if window < 1 or min_residuals < 1 or max_horizons < 1:
             raise ValueError("window, min_residuals and max_horizons must be positive")
@@ -87,7 +87,7 @@ class QuantileForecaster:
                 if t - target <= late_ok:
                     track.residuals.append((y - point) / max(point, floor))
                     track.cache.clear()
-            if track.last_issue is None or t - track.last_issue >= h / 16.0:
+            if track.last_issue is None or t - track.last_issue >= h / 8.0:
                 point = self.base.forecast(t, h)
                 if point is not None:
                     pending.append((t + h, point))

@@ -14,11 +14,11 @@ from preheat.forecast.trend import TrendForecaster
 KINDS = ("auto", "ensemble", "holt-winters", "trend", "persistence", "seasonal-naive")
 
 
-def season_knots(step_s: float, season_s: float = DAY_S, bucket_s: float = 3600.0) -> int:
-    """Knots of a seasonal profile: hourly buckets (24 a day), coarser only for coarser samples.
+def season_knots(step_s: float, season_s: float = DAY_S, bucket_s: float = 1800.0) -> int:
+    """Knots of a seasonal profile: 30-minute buckets (48 a day), coarser only for coarser samples.
 
     Any sample spacing (15 s, 60 s, 10-minute windows) is resampled onto these knots; the profile
-    between them is linear. Hourly beat finer grids in the benchmark (see HoltWinters).
+    between them is linear (why 30 minutes: see HoltWinters).
     """
     if not step_s > 0:
         raise ValueError(f"step_s must be positive, got {step_s!r}")

@@ -22,7 +22,7 @@ class ScalingPolicy(Protocol):
 
 # The forecast that sizes serving is the peak over the lead time, sampled at these fractions of it:
 # a peak shorter than the lead time still has to be met by replicas ordered now.
-_LEAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+_LEAD_FRACTIONS = (0.5, 1.0)
 
 
 class Autoscaler:

@@ -8,6 +8,7 @@ loader as any Hugging Face folder, so that path is what every test and the clust
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -120,6 +121,11 @@ def _random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
         w[p + "mlp.gate_proj.weight"] = lin(i, h)
         w[p + "mlp.up_proj.weight"] = lin(i, h)
         w[p + "mlp.down_proj.weight"] = lin(h, i)
+        if cfg.attention_bias:
+            for proj, size in (("q", qn), ("k", kvn), ("v", kvn)):
+                w[p + f"self_attn.{proj}_proj.bias"] = 0.1 * torch.randn(size, generator=g)
+            if cfg.model_type == "llama":
+                w[p + "self_attn.o_proj.bias"] = 0.1 * torch.randn(h, generator=g)
         w[p + "input_layernorm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=g)
         w[p + "post_attention_layernorm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=g)
     w["model.norm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=g)
@@ -150,30 +156,27 @@ def builtin_config(name: str, eos_token_id: int = 0) -> ModelConfig:
     )
 
 
-def write_builtin(name: str, folder: Path) -> None:
-    """Write the Hugging Face folder for built-in ``name`` into ``folder`` (which must exist)."""
-    spec = BUILTIN_SPECS[name]
-    tok = train_tokenizer(spec.vocab_size, spec.seed)
+def save_hf_folder(folder: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tok: HFTokenizer,
+                   num_shards: int = 1) -> None:
+    """Write config.json, tokenizer files and safetensors weights (sharded with an index if asked)."""
+    folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
-    eos = tok.token_to_id(END_OF_TEXT)
-    cfg = builtin_config(name, eos)
     (folder / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"eos_token": END_OF_TEXT, "pad_token": END_OF_TEXT, "model_max_length": cfg.max_position_embeddings,
                     "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2)
     )
-    dtype = cfg.dtype
-    weights = {k: v.to(dtype).contiguous() for k, v in _random_weights(cfg, spec.seed).items()}
-    if spec.num_shards == 1:
+    weights = {k: v.to(cfg.dtype).contiguous() for k, v in weights.items()}
+    if num_shards == 1:
         save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
         return
     # Sharded like large HF checkpoints, so the index path of the loader is exercised too.
     names = list(weights)
-    per = -(-len(names) // spec.num_shards)
+    per = -(-len(names) // num_shards)
     index: dict[str, str] = {}
     total = 0
-    for s in range(spec.num_shards):
-        fname = f"model-{s + 1:05d}-of-{spec.num_shards:05d}.safetensors"
+    for s in range(num_shards):
+        fname = f"model-{s + 1:05d}-of-{num_shards:05d}.safetensors"
         part = {k: weights[k] for k in names[s * per : (s + 1) * per]}
         save_file(part, str(folder / fname), metadata={"format": "pt"})
         index.update(dict.fromkeys(part, fname))
@@ -183,12 +186,27 @@ def write_builtin(name: str, folder: Path) -> None:
     )
 
 
+def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded weights for any config (tests use it for variants: tied, GQA ratios, rope scaling)."""
+    return _random_weights(cfg, seed)
+
+
+def write_builtin(name: str, folder: Path) -> None:
+    """Write the Hugging Face folder for built-in ``name`` into ``folder``."""
+    spec = BUILTIN_SPECS[name]
+    tok = train_tokenizer(spec.vocab_size, spec.seed)
+    cfg = builtin_config(name, tok.token_to_id(END_OF_TEXT))
+    save_hf_folder(folder, cfg, _random_weights(cfg, spec.seed), tok, spec.num_shards)
+
+
 def ensure_builtin(name: str) -> Path:
     """The cached folder of built-in ``name``, generating it if missing (safe under concurrent callers)."""
     if name not in BUILTIN_SPECS:
         raise ValueError(f"unknown built-in model {name!r}; built-ins: {', '.join(BUILTIN_MODELS)}")
     root = cache_root()
-    folder = root / f"{name}-v{RECIPE_VERSION}"
+    # The spec is part of the name: a changed recipe never reuses a stale folder.
+    digest = hashlib.sha256(repr((RECIPE_VERSION, BUILTIN_SPECS[name])).encode()).hexdigest()[:8]
+    folder = root / f"{name}-{digest}"
     if (folder / "config.json").is_file():
         return folder
     root.mkdir(parents=True, exist_ok=True)

@@ -134,7 +134,7 @@ def test_chunked_prefill_equals_unchunked(tiny):
 
 def test_prefix_cache_hit_gives_identical_output(tiny):
     shared = random_prompts(1, seed=4, lo=80, hi=80)[0]
-    a, b = shared + [5, 6, 7], shared + [9, 10]
+    a, b = [*shared, 5, 6, 7], [*shared, 9, 10]
     no_cache = make_engine(tiny, enable_prefix_caching=False)
     ref = [no_cache.generate([p], GREEDY)[0] for p in (a, b)]
     engine = make_engine(tiny)

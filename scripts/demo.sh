@@ -5,12 +5,14 @@
 # cluster down at the end, also on failure or Ctrl-C. `make setup binaries prometheus` ran before.
 #
 # Environment knobs: DEMO_MODES (default "preheat,reactive"), DEMO_TRACE, DEMO_OUT (default demo-out),
-# DEMO_KEEP_CLUSTER=1 to leave the cluster up afterwards.
+# DEMO_STATE_DIR (the cluster's state dir, default .cluster), DEMO_KEEP_CLUSTER=1 to leave the cluster
+# up afterwards. A cluster that was already up before the demo is left up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 OUT="${DEMO_OUT:-demo-out}"
 MODES="${DEMO_MODES:-preheat,reactive}"
+STATE="${DEMO_STATE_DIR:-.cluster}"
 TRACE="${DEMO_TRACE:-../shared/traces/servegen_m-small_10min.csv}"
 # A fresh clone may have the traces beside it or not: fall back to the committed excerpt (the same
 # morning ramp, day 2 of m-small) so the demo still runs the same slice.
@@ -27,7 +29,7 @@ cleanup() {
   rc=$?
   if [ "$started_cluster" = 1 ] && [ "${DEMO_KEEP_CLUSTER:-0}" != 1 ]; then
     echo "demo: taking the local cluster down"
-    "$PY" -m preheat_cluster down >/dev/null 2>&1 || "$PY" -m preheat_cluster down || true
+    "$PY" -m preheat_cluster --state-dir "$STATE" down || true
   fi
   exit $rc
 }
@@ -37,12 +39,16 @@ trap cleanup EXIT INT TERM
 # about loading, not about training a tokenizer.
 "$PY" -c "from preheat_server.models import load_model; load_model('tiny', device='cpu')" >/dev/null
 
-echo "demo: bringing up the local cluster (API server, controllers, node agent, Prometheus)"
-started_cluster=1
-"$PY" -m preheat_cluster up
+if "$PY" -c "import sys; from preheat_cluster import LocalCluster; sys.exit(0 if LocalCluster(state_dir='$STATE').is_up() else 1)"; then
+  echo "demo: using the local cluster that is already up in $STATE (it stays up)"
+else
+  echo "demo: bringing up the local cluster (API server, controllers, node agent, Prometheus)"
+  started_cluster=1
+  "$PY" -m preheat_cluster --state-dir "$STATE" up
+fi
 
 echo "demo: replaying $TRACE (modes: $MODES)"
-"$PY" -m preheat.closedloop --trace "$TRACE" --start-s "$START_S" --modes "$MODES" \
+"$PY" -m preheat.closedloop --cluster-state "$STATE" --trace "$TRACE" --start-s "$START_S" --modes "$MODES" \
   --out "$OUT/closedloop.json" --plot "$OUT/closedloop.png" --work-dir "$OUT/logs" | tee "$OUT/demo.log"
 
 echo

@@ -4,13 +4,13 @@
 # mode, then reactive-only — with live progress, a PNG plot and a one-line summary. Takes the
 # cluster down at the end, also on failure or Ctrl-C. `make setup binaries prometheus` ran before.
 #
-# Environment knobs: DEMO_MODES (default "preheat,reactive"), DEMO_TRACE, DEMO_OUT (default demo-out),
+# Environment knobs: DEMO_MODES (default "preheat,reactive"), DEMO_TRACE, DEMO_OUT (default out/demo, git-ignored),
 # DEMO_STATE_DIR (the cluster's state dir, default .cluster), DEMO_KEEP_CLUSTER=1 to leave the cluster
 # up afterwards. A cluster that was already up before the demo is left up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-OUT="${DEMO_OUT:-demo-out}"
+OUT="${DEMO_OUT:-out/demo}"
 MODES="${DEMO_MODES:-preheat,reactive}"
 STATE="${DEMO_STATE_DIR:-.cluster}"
 TRACE="${DEMO_TRACE:-../shared/traces/servegen_m-small_10min.csv}"

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=4, help="model-server queue bound (429 beyond)")
     p.add_argument("--out", type=Path, default=Path("bench-results/closedloop.json"))
     p.add_argument("--plot", type=Path, default=Path("bench-results/closedloop.png"))
-    p.add_argument("--work-dir", type=Path, default=Path(".closedloop"), help="operator logs")
+    p.add_argument("--work-dir", type=Path, default=Path("bench-results/tmp/closedloop"), help="operator logs")
     return p
 
 

@@ -63,7 +63,7 @@ def test_gpu_image_resources_and_pvc():
     pod = b.pod_template("llama", spec, version="1.0")
     c = pod["spec"]["containers"][0]
     assert c["image"] == "preheat/model-server-cuda:1.0"
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert "--device" in c["args"] and c["args"][c["args"].index("--device") + 1] == "cuda"
     assert c["args"][c["args"].index("--precision") + 1] == "bf16"
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "weights"

@@ -116,11 +116,12 @@ def server_args(endpoint: str, spec: InferenceEndpointSpec) -> list[str]:
 
 
 def _resources(spec: InferenceEndpointSpec) -> dict[str, Any]:
-    requests = {k: v for k, v in spec.resources.requests.items()}
-    limits = {k: v for k, v in spec.resources.limits.items()}
+    # Quantities as strings: the API accepts both, the kubernetes client's models only strings.
+    requests = {k: str(v) for k, v in spec.resources.requests.items()}
+    limits = {k: str(v) for k, v in spec.resources.limits.items()}
     if spec.accelerator.type is AcceleratorType.gpu:
-        limits["nvidia.com/gpu"] = spec.accelerator.count
-        requests["nvidia.com/gpu"] = spec.accelerator.count
+        limits["nvidia.com/gpu"] = str(spec.accelerator.count)
+        requests["nvidia.com/gpu"] = str(spec.accelerator.count)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests

@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     from preheat.controller.loop import Autoscaling, Options
 
     creds = kube.configure(args.kubeconfig)
+    # The kubernetes client builds its API classes on first use (seconds of pydantic work): do it now,
+    # before the first endpoint waits for it.
+    from kubernetes import client
+
+    for api in (client.CoreV1Api, client.AppsV1Api, client.PolicyV1Api, client.CustomObjectsApi):
+        api(kube.shared_api())
     logging.getLogger("preheat").info("API server %s (%s); Prometheus %s", creds.server, creds.source,
                                       args.prometheus_url)
     if args.metrics_port:

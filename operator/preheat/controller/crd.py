@@ -106,6 +106,7 @@ def status_schema() -> dict[str, Any]:
             "coldStartSeconds": number,
             "selector": string,
             "lastDecision": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "forecaster": {"type": "string", "description": "persisted forecaster + policy state (JSON)"},
             "conditions": {
                 "type": "array",
                 "items": {

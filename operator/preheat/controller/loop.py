@@ -124,7 +124,7 @@ class Autoscaling:
         return self.options.interval_override_s or spec.scaling.interval_seconds
 
     def _brain(self, mem: Memory, namespace: str, name: str, spec: InferenceEndpointSpec,
-               saved: dict[str, Any] | None) -> Brain:
+               saved: str | dict[str, Any] | None) -> Brain:
         config = policy_config(spec, self.options.reactive_only, self.options.interval_override_s)
         signal = str(spec.scaling.signal)
         if mem.brain is not None and mem.config == config and mem.signal == signal:
@@ -136,7 +136,7 @@ class Autoscaling:
             mem.brain = None
             if saved and mem.signal is None:
                 try:
-                    mem.brain = Brain.from_dict(saved, config, spec)
+                    mem.brain = Brain.from_dict(json.loads(saved) if isinstance(saved, str) else saved, config, spec)
                     mem.history_seeded = True
                     log.info("restored forecaster state for %s/%s from status", namespace, name)
                 except Exception as exc:  # a newer/older format: rebuild from Prometheus instead
@@ -316,8 +316,9 @@ class Autoscaling:
                 "applied": not preview,
             }
         if now_s - mem.last_persist_s >= PERSIST_EVERY_S:
-            state = brain.to_dict()
-            if state is not None and len(json.dumps(state)) <= MAX_PERSIST_BYTES:
+            # A JSON string, not an object: a merge patch would turn the state's nulls into deletions.
+            state = json.dumps(brain.to_dict(), separators=(",", ":"))
+            if len(state) <= MAX_PERSIST_BYTES:
                 fields["forecaster"] = state
                 mem.last_persist_s = now_s
         status = st.build_status(generation=generation, previous=previous, conditions=conditions, now=now,

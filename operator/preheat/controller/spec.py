@@ -26,6 +26,20 @@ BUILTIN_MODELS = ("tiny", "small", "all-MiniLM-L6-v2")
 Quantity = Annotated[str | int, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 
 
+def _full_default(model: type[BaseModel]) -> dict[str, Any]:
+    """The fully defaulted object, as the CRD's default for an omitted sub-object.
+
+    An empty `{}` default would not do: the API server checks CEL rules against the default before
+    nested defaults apply, and `self.minReplicas` would not exist.
+    """
+    return model().model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def _sub(model: type[BaseModel]) -> Any:
+    """A sub-object field that defaults to the fully defaulted model (in Python and in the CRD)."""
+    return Field(default_factory=model, json_schema_extra=lambda schema: schema.update(default=_full_default(model)))
+
+
 def _cel(rule: str, message: str) -> dict[str, str]:
     return {"rule": rule, "message": message}
 
@@ -252,8 +266,8 @@ class ScalingSpec(_Model):
         default=2.0, description="Signal one serving replica handles within the latency SLO."
     )
     latency_slo_ms: float | None = Field(default=None, description="End-to-end latency budget (p90).")
-    forecasting: ForecastingSpec = Field(default_factory=ForecastingSpec, json_schema_extra={"default": {}})
-    warm_pool: WarmPoolSpec = Field(default_factory=WarmPoolSpec, json_schema_extra={"default": {}})
+    forecasting: ForecastingSpec = _sub(ForecastingSpec)
+    warm_pool: WarmPoolSpec = _sub(WarmPoolSpec)
     scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=86400)
     scale_to_zero: bool = False
     interval_seconds: float = Field(
@@ -291,16 +305,16 @@ class PrometheusSpec(_Model):
     panic_window: str = Field(
         default="20s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Short window for the panic signal."
     )
-    queries: PrometheusQueries = Field(default_factory=PrometheusQueries, json_schema_extra={"default": {}})
+    queries: PrometheusQueries = _sub(PrometheusQueries)
 
 
 class InferenceEndpointSpec(_Model):
     model: ModelSpec
-    accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec, json_schema_extra={"default": {}})
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
-    server: ServerSpec = Field(default_factory=ServerSpec, json_schema_extra={"default": {}})
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec, json_schema_extra={"default": {}})
-    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, json_schema_extra={"default": {}})
+    accelerator: AcceleratorSpec = _sub(AcceleratorSpec)
+    resources: ResourcesSpec = _sub(ResourcesSpec)
+    server: ServerSpec = _sub(ServerSpec)
+    scaling: ScalingSpec = _sub(ScalingSpec)
+    prometheus: PrometheusSpec = _sub(PrometheusSpec)
 
 
 def parse_spec(raw: dict[str, Any]) -> InferenceEndpointSpec:

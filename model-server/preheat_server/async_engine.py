@@ -30,6 +30,10 @@ class QueueFullError(Exception):
     """More requests are admitted than the engine runs plus the queue holds."""
 
 
+class EngineStepError(RuntimeError):
+    """An engine step failed; the requests in it were aborted (the server keeps serving)."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread stopped (shutdown or a failed step); no new requests are taken."""
 
@@ -178,7 +182,10 @@ class AsyncEngine:
                     commands, self._commands = self._commands, []
                 deliveries = self._apply(commands)
                 if engine.has_unfinished_requests():
-                    deliveries += self._step()
+                    try:
+                        deliveries += self._step()
+                    except Exception as exc:
+                        deliveries += self._recover(exc)
                 self._update_gauges()
                 if deliveries:
                     self._loop.call_soon_threadsafe(self._deliver, deliveries)
@@ -193,6 +200,21 @@ class AsyncEngine:
             self._tracked.clear()
             if failed and self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self._deliver, failed)
+
+    def _recover(self, exc: Exception) -> list[tuple[asyncio.Queue, Any]]:
+        """A step raised: fail the requests in the engine (aborting them frees their KV blocks) and
+        keep serving, so one pathological request costs its batch an error, not the replica its life.
+        If aborting fails too, the engine is beyond repair and the thread dies (see _run)."""
+        log.exception("engine step failed; failing the %d requests in the engine", len(self._tracked))
+        self._metrics.engine_step_failures.labels(self._name).inc()
+        err = EngineStepError(f"the engine failed while running this request: {exc!r}")
+        out = []
+        for request_id, tracked in list(self._tracked.items()):
+            self._engine.abort_request(request_id)
+            self._metrics.request_success.labels(self._name, "abort").inc()
+            out.append((tracked.queue, err))
+        self._tracked.clear()
+        return out
 
     def _apply(self, commands: list[_Command]) -> list[tuple[asyncio.Queue, Any]]:
         out: list[tuple[asyncio.Queue, Any]] = []

@@ -16,6 +16,9 @@ from preheat_server.metrics import ServerMetrics
 from preheat_server.text_stream import TextStream
 
 
+SAMPLING_EPS = 1e-5
+
+
 class InvalidRequestError(ValueError):
     """The request cannot be served as asked (the HTTP layer answers 400 naming `param`)."""
 
@@ -129,10 +132,15 @@ class GenerationService:
         # The engine always stops at the model's end-of-sequence ids (unless ignore_eos); a chat turn
         # also ends at the template's end-of-turn marker, which some models do not list as EOS.
         stop_ids = [int(t) for t in self.tokenizer.stop_token_ids] if chat and not ignore_eos else []
+        temperature = 1.0 if temperature is None else float(temperature)
+        top_p = 1.0 if top_p is None else float(top_p)
+        # As vLLM does: a temperature this close to 0 would overflow logits / temperature, and a top_p
+        # this small keeps only the most likely token; both mean greedy decoding.
+        if temperature < SAMPLING_EPS or top_p < SAMPLING_EPS:
+            temperature, top_p = 0.0, 1.0
         return GenerationRequest(
             request_id=new_request_id(id_prefix), prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
-            temperature=1.0 if temperature is None else float(temperature),
-            top_p=1.0 if top_p is None else float(top_p),
+            temperature=temperature, top_p=top_p,
             top_k=0 if top_k is None or top_k < 1 else int(top_k), seed=seed, stop=stop,
             stop_token_ids=stop_ids, ignore_eos=ignore_eos)
 

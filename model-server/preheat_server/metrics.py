@@ -55,6 +55,7 @@ class ServerMetrics:
     server_state: Gauge
     max_num_seqs: Gauge
     max_queue: Gauge
+    engine_step_failures: Counter
     embedding_inputs: Counter
     embedding_tokens: Counter
     embedding_batch_size: Histogram
@@ -116,6 +117,8 @@ class ServerMetrics:
                                "Most sequences the engine runs at once (--max-num-seqs)."),
             max_queue=gauge("preheat:max_queue",
                             "Most admitted requests waiting beyond max_num_seqs before 429 (--max-queue)."),
+            engine_step_failures=counter("preheat:engine_step_failures_total",
+                                         "Engine steps that raised; their requests failed with 500."),
             embedding_inputs=counter("preheat:embedding_inputs_total", "Texts embedded."),
             embedding_tokens=counter("preheat:embedding_tokens_total", "Tokens of embedded texts."),
             embedding_batch_size=hist("preheat:embedding_batch_size",
@@ -141,7 +144,8 @@ class ServerMetrics:
                        self.inter_token_latency, self.e2e_request_latency, self.prompt_tokens,
                        self.generation_tokens, self.kv_cache_usage, self.prefix_cache_hits,
                        self.prefix_cache_queries, self.num_preemptions, self.completion_cache_hits,
-                       self.batch_size, self.model_load_seconds, self.max_num_seqs, self.max_queue):
+                       self.batch_size, self.model_load_seconds, self.max_num_seqs, self.max_queue,
+                       self.engine_step_failures):
             metric.labels(name)
 
     def prime_embeddings(self, embedding_model_name: str) -> None:

@@ -147,6 +147,8 @@ class Server:
         if loaded.embedding is not None:
             service = EmbeddingService(loaded.embedding, self.metrics, config.embedding_max_batch_size,
                                        config.embedding_max_queue_delay_ms, config.max_queue)
+            if embeddings_only:   # --served-model-name renames the only model there is
+                service.name = self.ctx.served_model_name
             service.start()
             self.ctx.embeddings = service
             self.metrics.prime_embeddings(loaded.embedding.name)

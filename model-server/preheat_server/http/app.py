@@ -84,16 +84,18 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
+
+    def card(name: str, max_len: int | None) -> dict:
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "preheat",
+                "max_model_len": max_len}
+
     cards = []
-    if ctx.generation is not None or ctx.embeddings is None:
-        max_len = ctx.generation.max_model_len if ctx.generation is not None else None
-        cards.append({"id": ctx.served_model_name, "object": "model", "created": ctx.created,
-                      "owned_by": "preheat", "max_model_len": max_len})
-    if ctx.embeddings is not None and ctx.embeddings.name != ctx.served_model_name:
-        cards.append({"id": ctx.embeddings.name, "object": "model", "created": ctx.created,
-                      "owned_by": "preheat", "max_model_len": ctx.embeddings.model.max_seq_length})
-    elif ctx.embeddings is not None:
-        cards[0]["max_model_len"] = ctx.embeddings.model.max_seq_length
+    if ctx.generation is not None:
+        cards.append(card(ctx.served_model_name, ctx.generation.max_model_len))
+    if ctx.embeddings is not None:
+        cards.append(card(ctx.embeddings.name, ctx.embeddings.model.max_seq_length))
+    if not cards:   # still loading: the name is known, the limits are not yet
+        cards.append(card(ctx.served_model_name, None))
     return web.json_response({"object": "list", "data": cards})
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from preheat_server.async_engine import EngineDeadError, QueueFullError
+from preheat_server.async_engine import EngineDeadError, EngineStepError, QueueFullError
 from preheat_server.generation import Delta, GenerationRequest, GenerationService, InvalidRequestError
 from preheat_server.http.context import CONTEXT, ServerContext
 from preheat_server.http.errors import APIError, bad_request, from_validation_error
@@ -71,6 +71,9 @@ def inference_route(api: str) -> Callable[[Callable[..., Awaitable[web.StreamRes
             except EngineDeadError as exc:
                 error = APIError(503, f"The engine is not available: {exc}", type="service_unavailable",
                                  code="engine_unavailable")
+                raise error from exc
+            except EngineStepError as exc:
+                error = APIError(500, str(exc), type="internal_error", code="engine_step_failed")
                 raise error from exc
             except ValueError as exc:    # the engine's own verdict on a request it cannot take
                 error = bad_request(str(exc))

@@ -55,8 +55,12 @@ def _inference_errors() -> dict[str, Any]:
 def build_openapi() -> dict[str, Any]:
     _, defs = models_json_schema(_MODELS, ref_template="#/components/schemas/{model}")
     components = defs["$defs"]
-    sse = {"description": "Server-sent events: `data: <JSON chunk>` lines, then `data: [DONE]`.",
-           "schema": {"type": "string"}}
+    # Each server-sent event: `data:` holds one JSON chunk (Completion / ChatCompletionChunk shape,
+    # or an ErrorBody if generation fails mid-stream); the last event's data is `[DONE]`.
+    sse = {"schema": {"type": "object", "required": ["data"],
+                      "properties": {"data": {"type": "string",
+                                              "description": "A JSON chunk, or [DONE] for the last event."},
+                                     "event": {"type": "string"}, "id": {"type": "string"}}}}
 
     def post(op_id: str, summary: str, request: str, ok: dict[str, Any]) -> dict[str, Any]:
         return {"post": {

@@ -299,16 +299,25 @@ class Oracle(Baseline):
     name = "oracle"
     interval_s = 5.0
 
-    def decide(self, obs: Observation) -> Decision:
-        now = obs.time_s
-        horizon = self.ctx.cold_starts.peek() + 2 * self.interval_s
+    def _peak(self, now: float, horizon: float) -> float:
         t, r = self.ctx.curve_t, self.ctx.curve_rate
         lo = int(np.searchsorted(t, now, side="right")) - 1
         hi = int(np.searchsorted(t, now + horizon, side="right"))
         window = r[max(lo, 0):max(hi, lo + 1)]
         window = window[np.isfinite(window)]
-        peak = float(window.max()) if len(window) else 0.0
-        n = max(1, self.ctx.need(peak))
+        return float(window.max()) if len(window) else 0.0
+
+    def decide(self, obs: Observation) -> Decision:
+        now = obs.time_s
+        # The horizon is the longest of the cold starts the replicas it is about to start will take
+        # (known exactly: the sampler's next draws); two passes settle how many that is.
+        horizon = self.ctx.cold_starts.peek() + 2 * self.interval_s
+        n = max(1, self.ctx.need(self._peak(now, horizon)))
+        new = max(0, n - obs.current_serving)
+        if new > 1:
+            horizon = self.ctx.cold_starts.peek(new) + 2 * self.interval_s
+            n = max(1, self.ctx.need(self._peak(now, horizon)))
+        peak = self._peak(now, horizon)
         return _decision(n, Reason.FORECAST, f"oracle: true peak {peak:.3g} within {horizon:.0f}s -> {n}", now,
                          forecast_value=peak, forecast_need=n, lead_time_s=horizon)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from preheat.sim import cli
+from preheat.sim.traces import load_cold_start
 
 TRACES = {
     "azure-code": "azure_llm_2023_code.csv",
@@ -30,22 +31,27 @@ TRACES = {
 COLD_FILE = "alibaba_cold_starts_ms.csv"
 
 
-def checks(policies: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets for Preheat on one run."""
+def checks(policies: dict[str, dict[str, Any]], cold_s: float) -> dict[str, Any]:
+    """The issue's targets for Preheat on one run (`cold_s`: the cold start to beat at the daily ramp)."""
     p = policies.get("preheat")
     if p is None:
         return {}
     others = {k: v for k, v in policies.items() if k not in ("preheat", "oracle", "fixed")}
     out: dict[str, Any] = {
-        "attainment_ge_99": p["slo_attainment"] >= 0.99,
-        "attainment_ge_baselines": all(p["slo_attainment"] >= v["slo_attainment"] - 1e-12 for v in others.values()),
+        "attainment_ge_99": bool(p["slo_attainment"] >= 0.99),
+        "attainment_ge_baselines": bool(all(p["slo_attainment"] >= v["slo_attainment"] - 1e-12 for v in others.values())),
     }
     if "oracle" in policies:
         ratio = p["replica_seconds"] / policies["oracle"]["replica_seconds"]
-        out["replica_seconds_vs_oracle"] = ratio
-        out["replica_seconds_le_1_25_oracle"] = ratio <= 1.25
+        out["replica_seconds_vs_oracle"] = float(ratio)
+        out["replica_seconds_le_1_25_oracle"] = bool(ratio <= 1.25)
+    leads = p.get("ramp_lead_s")
+    if leads:
+        out["ramp_lead_median_s"] = float(sorted(leads)[len(leads) // 2])
+        out["ramp_cold_start_s"] = cold_s
+        out["ramp_days_capacity_first_by_cold_start"] = f"{sum(x >= cold_s for x in leads)}/{len(leads)}"
     if "fixed" in policies:
-        out["replica_seconds_lt_fixed"] = p["replica_seconds"] < policies["fixed"]["replica_seconds"]
+        out["replica_seconds_lt_fixed"] = bool(p["replica_seconds"] < policies["fixed"]["replica_seconds"])
     return out
 
 
@@ -96,16 +102,16 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             result = cli.run(cli.parser().parse_args(argv_sim))
             result.update(trace_key=key, cold_key=cold_key, command="preheat simulate " + " ".join(argv_sim),
-                          wall_s_all_policies=time.perf_counter() - t0, checks=checks(result["policies"]))
+                          wall_s_all_policies=time.perf_counter() - t0, checks=checks(result["policies"], load_cold_start(cold).quantile(0.95)))
             print(json.dumps(result["checks"]))
             runs.append(result)
     timing = {
-        f"{r['trace_key']} ({r['cold_key']})": {name: p["wall_s"] for name, p in r["policies"].items()}
+        f"{r['trace_key']} ({r['cold_key']})": {name: {"wall_s": p["wall_s"], "cpu_s": p["cpu_s"]} for name, p in r["policies"].items()}
         for r in runs
     }
     doc = {
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
-        "note": "wall_s is per policy on one core; the 14-day series are m-small and m-mid, the one-hour "
+        "note": "cpu_s is the CPU time of one policy's run on one core (wall_s is inflated on a shared machine); the 14-day series are m-small and m-mid, the one-hour "
         "per-request traces azure-code and mooncake",
         "total_wall_s": time.perf_counter() - started,
         "timing_s": timing,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 # Chosen for the README runs (see docs/simulator.md for why each differs from PolicyConfig's default).
 SIM_DEFAULTS: dict[str, Any] = {
     "decision_interval_s": 15.0,
-    "warm_pool_min": 1,
+    "warm_pool_min": 0,
     "warm_pool_max": 4,
     "quantile": 0.9,
 }

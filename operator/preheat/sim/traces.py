@@ -16,7 +16,9 @@ import csv
 import io
 import json
 import math
+from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -306,23 +308,26 @@ class ColdStartModel:
 
 
 class ColdStartSampler:
-    """Seeded stream of cold starts. `peek()` shows the next one (the oracle's foresight)."""
+    """Seeded stream of cold starts. `peek(k)` shows the next k without using them (the oracle's foresight)."""
 
     def __init__(self, model: ColdStartModel, seed: int) -> None:
         self._model = model
         self._rng = np.random.default_rng(seed + 7919)
-        self._next: float | None = None
+        self._ahead: deque[float] = deque()
 
-    def peek(self) -> float:
-        if self._next is None:
-            s = self._model.samples_s
-            self._next = float(s[0] if len(s) == 1 else s[self._rng.integers(len(s))])
-        return self._next
+    def _fill(self, k: int) -> None:
+        s = self._model.samples_s
+        while len(self._ahead) < k:
+            self._ahead.append(float(s[0] if len(s) == 1 else s[self._rng.integers(len(s))]))
+
+    def peek(self, k: int = 1) -> float:
+        """The longest of the next `k` cold starts."""
+        self._fill(max(k, 1))
+        return max(islice(self._ahead, max(k, 1)))
 
     def draw(self) -> float:
-        value = self.peek()
-        self._next = None
-        return value
+        self._fill(1)
+        return self._ahead.popleft()
 
 
 def load_cold_start(spec: str | float) -> ColdStartModel:

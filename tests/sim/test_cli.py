@@ -7,7 +7,7 @@ import json
 import pytest
 from preheat.cli import main as preheat_main
 
-from tests.sim.tracegen import write_series
+from .tracegen import write_series
 
 
 def test_simulate_all_policies_writes_json_and_png(data_dir, tmp_path, capsys):

@@ -6,7 +6,7 @@ import numpy as np
 from preheat.sim.run import POLICY_NAMES, SimSettings, make_policy, prepare_workload, simulate
 from preheat.sim.traces import load_cold_start, load_trace
 
-from tests.sim.tracegen import write_requests, write_series
+from .tracegen import write_requests, write_series
 
 
 def poisson_steps(rng: np.random.Generator, pieces: list[tuple[float, float]]) -> np.ndarray:

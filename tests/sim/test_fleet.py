@@ -9,7 +9,7 @@ from preheat.sim.fleet import ReplicaPool
 from preheat.sim.run import SimSettings, prepare_workload, simulate
 from preheat.sim.traces import load_cold_start, load_trace
 
-from tests.sim.tracegen import write_requests, write_series
+from .tracegen import write_requests, write_series
 
 
 def pool(cold: float = 30.0, promotion: float = 2.0) -> ReplicaPool:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from preheat.sim.traces import RequestTrace, SeriesTrace, TraceError, load_cold_start, load_trace
 
-from tests.sim.tracegen import write_requests, write_series
+from .tracegen import write_requests, write_series
 
 
 def test_azure_excerpt_datetimes_and_tokens(data_dir):

@@ -15,7 +15,6 @@ from preheat_server.completion_cache import CachedGeneration, CacheKey, Completi
 from preheat_server.metrics import ServerMetrics
 from preheat_server.text_stream import TextStream
 
-
 SAMPLING_EPS = 1e-5
 
 

@@ -257,3 +257,26 @@ def scripted_model(http_tiny_model: Any, tmp_path_factory: pytest.TempPathFactor
     weights["lm_head.weight"] = lm_head
     save_file({k: v.contiguous() for k, v in weights.items()}, str(dst / "model.safetensors"))
     return load_model(str(dst), device="cpu", precision="fp32"), trigger, text
+
+
+@pytest.fixture
+def spawn_server_process(tmp_path: Path) -> Any:
+    """Factory: `spawn_server_process(args)` -> ServerProcess (bound, maybe not ready); stopped at teardown."""
+    procs: list[ServerProcess] = []
+
+    def spawn(args: list[str], name: str = "server") -> ServerProcess:
+        proc = spawn_server(args, tmp_path / f"{name}-{len(procs)}.log")
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture
+def server_tools() -> Any:
+    """Helpers for tests against a server process: parse_metrics(text), wait_ready(url)."""
+    import types
+
+    return types.SimpleNamespace(parse_metrics=parse_metrics, wait_ready=wait_ready)

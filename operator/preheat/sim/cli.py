@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_out", help="write results here")
     p.add_argument("--plot", help="write a PNG here")
+    p.add_argument("--plot-window", metavar="START_H:END_H",
+                   help="zoom the plot on this span of hours, e.g. 48:72 for the third day")
     return p
 
 
@@ -78,8 +80,21 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
+def plot_window(arg: str | None) -> tuple[float, float] | None:
+    if not arg:
+        return None
+    try:
+        a, b = (float(x) * 3600.0 for x in arg.split(":"))
+    except ValueError:
+        raise SimError(f"--plot-window expects START_H:END_H, got {arg!r}") from None
+    if not b > a:
+        raise SimError(f"--plot-window end must be after its start, got {arg!r}")
+    return a, b
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     names = policies_from(args.policy)
+    window = plot_window(args.plot_window)
     if args.slots is not None and args.slots < 1:
         raise SimError(f"--slots must be at least 1, got {args.slots}")
     if args.peak_replicas < 1:
@@ -116,7 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.plot:
         from preheat.sim.plot import plot_results
 
-        plot_results(results, w, args.plot, title=f"{trace.name}, cold start {cold.label}")
+        plot_results(results, w, args.plot, title=f"{trace.name}, cold start {cold.label}", window_s=window)
     return out
 
 

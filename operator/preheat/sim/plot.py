@@ -9,7 +9,11 @@ import numpy as np
 from preheat.sim.run import SimResult, Workload
 
 
-def plot_results(results: list[SimResult], w: Workload, out: str | Path, title: str = "") -> Path:
+def plot_results(
+    results: list[SimResult], w: Workload, out: str | Path, title: str = "",
+    window_s: tuple[float, float] | None = None,
+) -> Path:
+    """One panel per policy; `window_s` = (start, end) zooms in (e.g. on a daily ramp)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +23,7 @@ def plot_results(results: list[SimResult], w: Workload, out: str | Path, title: 
     n = len(results)
     fig, axes = plt.subplots(n, 1, figsize=(12, 2.8 * n + 0.6), sharex=True, squeeze=False)
     span = w.trace.duration_s
-    scale, unit = (3600.0, "h") if span > 3 * 3600 else (60.0, "min")
+    scale, unit = (3600.0, "h") if span > 3 * 3600 or window_s is not None else (60.0, "min")
     unit_sig = "req/s" if w.signal == "rps" else "tokens/s"
     for ax, r in zip(axes[:, 0], results, strict=True):
         tl = r.timeline
@@ -48,6 +52,9 @@ def plot_results(results: list[SimResult], w: Workload, out: str | Path, title: 
         lines = ax.get_legend_handles_labels()
         lines2 = ax2.get_legend_handles_labels()
         ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="upper left", ncol=4)
+    if window_s is not None:
+        for ax in axes[:, 0]:
+            ax.set_xlim(window_s[0] / scale, window_s[1] / scale)
     axes[-1, 0].set_xlabel(f"time ({unit})")
     if title:
         fig.suptitle(title, fontsize=10)

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 SIM_DEFAULTS: dict[str, Any] = {
     "decision_interval_s": 15.0,
     "warm_pool_min": 0,
-    "warm_pool_max": 4,
-    "quantile": 0.9,
+    "warm_pool_max": 3,
+    "quantile": 0.8,
 }
 
 

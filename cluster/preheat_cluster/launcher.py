@@ -333,6 +333,7 @@ class LocalCluster:
             str(b / "kube-controller-manager"), f"--kubeconfig={cm_kc}",
             f"--authentication-kubeconfig={cm_kc}", f"--authorization-kubeconfig={cm_kc}",
             "--bind-address=127.0.0.1", f"--secure-port={ports['controller-manager']}",
+            f"--tls-cert-file={pki.crt('components-serving')}", f"--tls-private-key-file={pki.key('components-serving')}",
             "--leader-elect=false", f"--root-ca-file={pki.ca_crt}",
             f"--service-account-private-key-file={pki.sa_key}", "--use-service-account-credentials=true",
             f"--cluster-signing-cert-file={pki.ca_crt}", f"--cluster-signing-key-file={pki.ca_key}",
@@ -346,6 +347,7 @@ class LocalCluster:
             str(b / "kube-scheduler"), f"--kubeconfig={sch_kc}",
             f"--authentication-kubeconfig={sch_kc}", f"--authorization-kubeconfig={sch_kc}",
             "--bind-address=127.0.0.1", f"--secure-port={ports['scheduler']}", "--leader-elect=false",
+            f"--tls-cert-file={pki.crt('components-serving')}", f"--tls-private-key-file={pki.key('components-serving')}",
             "--profiling=false", "--v=1",
         ])
         self._start("node-agent", [

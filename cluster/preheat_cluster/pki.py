@@ -98,6 +98,8 @@ def _ec_key():
 _CERTS = {
     "etcd": ("etcd", None, True, True),
     "apiserver": ("kube-apiserver", None, True, False),
+    # The controller-manager's and scheduler's own HTTPS endpoints (/healthz, /metrics).
+    "components-serving": ("localhost", None, True, False),
     "apiserver-etcd-client": ("kube-apiserver-etcd-client", None, False, True),
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters", False, True),
     # The admin identity is used by kubectl, the controller-manager, the scheduler, the node agent and

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,7 +48,7 @@ def checks(policies: dict[str, dict[str, Any]], cold_s: float) -> dict[str, Any]
         out["replica_seconds_le_1_25_oracle"] = bool(ratio <= 1.25)
     leads = p.get("ramp_lead_s")
     if leads:
-        out["ramp_lead_median_s"] = float(sorted(leads)[len(leads) // 2])
+        out["ramp_lead_median_s"] = float(statistics.median(leads))
         out["ramp_cold_start_s"] = cold_s
         out["ramp_days_capacity_first_by_cold_start"] = f"{sum(x >= cold_s for x in leads)}/{len(leads)}"
     if "fixed" in policies:

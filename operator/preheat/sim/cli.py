@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.plot:
         from preheat.sim.plot import plot_results
 
-        plot_results(results, w, args.plot, title=f"{trace.name}, cold start {cold.label}", window_s=window)
+        plot_results(results, w, args.plot, title=f"{trace.name}, cold start {cold.label}", window_s=window,
+                     utilization=settings.target_utilization)
     return out
 
 

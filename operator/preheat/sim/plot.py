@@ -11,7 +11,7 @@ from preheat.sim.run import SimResult, Workload
 
 def plot_results(
     results: list[SimResult], w: Workload, out: str | Path, title: str = "",
-    window_s: tuple[float, float] | None = None,
+    window_s: tuple[float, float] | None = None, utilization: float = 1.0,
 ) -> Path:
     """One panel per policy; `window_s` = (start, end) zooms in (e.g. on a daily ramp)."""
     import matplotlib
@@ -28,8 +28,9 @@ def plot_results(
     for ax, r in zip(axes[:, 0], results, strict=True):
         tl = r.timeline
         ax.plot(tl["curve_t"] / scale, tl["curve_rate"], color="0.55", lw=0.6, label=f"demand ({unit_sig})")
-        ax.step(tl["t"] / scale, tl["serving_ready"] * w.target_per_replica, where="post", color="tab:blue",
-                lw=1.0, label="ready serving capacity")
+        cap_label = "ready serving capacity" + (f" at {utilization:.0%} utilization" if utilization < 1 else "")
+        ax.step(tl["t"] / scale, tl["serving_ready"] * w.target_per_replica * utilization, where="post",
+                color="tab:blue", lw=1.0, label=cap_label)
         if np.isfinite(tl["forecast"]).any():
             ax.plot(tl["t"] / scale, tl["forecast"], color="tab:orange", lw=0.8, label="forecast at lead time")
         ax.set_ylabel(unit_sig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,9 +190,12 @@ class GenerationService:
                                   cached=True)
         parts: list[str] = []
         last = Delta("", len(req.prompt_token_ids), 0, "stop")
-        async for delta in self.stream(req):
-            parts.append(delta.text)
-            last = delta
+        # aclosing: if the client goes away (this task is cancelled) the engine request is aborted now,
+        # not whenever the abandoned generator is garbage-collected.
+        async with aclosing(self.stream(req)) as deltas:
+            async for delta in deltas:
+                parts.append(delta.text)
+                last = delta
         result = Generation("".join(parts), last.num_prompt_tokens, last.num_output_tokens,
                             last.finish_reason or "stop")
         if key is not None:

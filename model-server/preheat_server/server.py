@@ -182,15 +182,13 @@ class Server:
     async def drain_and_stop(self) -> int:
         """Readiness 503 now; let in-flight requests finish within the drain timeout; close. Exit code."""
         self.lifecycle.begin_drain()
-        deadline = time.monotonic() + self.config.drain_timeout_s
-        if self.async_engine is not None:
-            drained = await self.async_engine.wait_idle(self.config.drain_timeout_s)
-            if not drained:
-                log.warning("drain timeout (%.1f s): %d requests cut short", self.config.drain_timeout_s,
-                            self.async_engine.num_in_flight)
-        if self.ctx.embeddings is not None:
-            while self.ctx.embeddings.num_in_flight and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+        if self.ctx.num_in_flight == 0:
+            self.ctx.idle.set()
+        try:
+            await asyncio.wait_for(self.ctx.idle.wait(), self.config.drain_timeout_s)
+        except TimeoutError:
+            log.warning("drain timeout (%.1f s): %d requests cut short", self.config.drain_timeout_s,
+                        self.ctx.num_in_flight)
         await self.close()
         return 1 if self.load_error is not None else 0
 

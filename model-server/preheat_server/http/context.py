@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,18 @@ class ServerContext:
     generation: GenerationService | None = None
     embeddings: EmbeddingService | None = None
     created: int = field(default=0)
+    # Inference requests inside a handler (including streams still being written): what a drain waits for.
+    num_in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def request_started(self) -> None:
+        self.num_in_flight += 1
+        self.idle.clear()
+
+    def request_finished(self) -> None:
+        self.num_in_flight -= 1
+        if self.num_in_flight == 0:
+            self.idle.set()
 
     def require_serving(self) -> None:
         """503 unless the server is ready: loading has not finished, or draining has begun."""

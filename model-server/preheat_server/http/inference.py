@@ -59,6 +59,7 @@ def inference_route(api: str) -> Callable[[Callable[..., Awaitable[web.StreamRes
             m = ctx.metrics
             m.requests_received.labels(m.model_name, api).inc()
             error: BaseException | None = None
+            ctx.request_started()
             try:
                 return await fn(request, ctx)
             except InvalidRequestError as exc:
@@ -85,6 +86,7 @@ def inference_route(api: str) -> Callable[[Callable[..., Awaitable[web.StreamRes
                 error = exc
                 raise
             finally:
+                ctx.request_finished()
                 m.requests.labels(m.model_name, api, _outcome(error)).inc()
 
         return handler

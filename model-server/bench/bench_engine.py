@@ -1,0 +1,205 @@
+"""Engine benchmark (not a test): continuous batching vs transformers' generate, KV cache vs recompute, bytes.
+
+    .venv/bin/python model-server/bench/bench_engine.py --out bench-results/engine.json
+
+One run, one machine, one model (``small`` by default), side by side:
+  * output tokens/s and TTFT p50/p99 at concurrency 1, 8, 32: this engine (all requests submitted at
+    once, continuous batching) vs transformers ``generate`` one request at a time (FIFO: a request's
+    TTFT includes waiting for the ones before it) and in one static padded batch;
+  * decode tokens/s with the paged KV cache vs full recompute at 512 tokens of context;
+  * weight bytes for fp32, bf16, int8, int4.
+Requests have mixed prompt lengths and mixed ``max_tokens`` (seeded), greedy, EOS ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+from pathlib import Path
+
+import torch
+from preheat_server.engine import EngineConfig, LLMEngine, SamplingParams
+from preheat_server.models import load_model
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+def workload(n: int, seed: int, vocab: int, prompt_range: tuple[int, int], out_range: tuple[int, int]):
+    rng = random.Random(seed)
+    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_range))], rng.randint(*out_range))
+            for _ in range(n)]
+
+
+def summary(ttfts: list[float], tokens: int, wall: float) -> dict:
+    return {"output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "ttft_p50_s": pct(ttfts, 50), "ttft_p99_s": pct(ttfts, 99)}
+
+
+def run_engine(loaded, reqs, max_num_seqs: int) -> dict:
+    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
+                                            num_kv_blocks=max_num_seqs * 16 + 16))
+    engine.generate([reqs[0][0][:4]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+    t0 = time.perf_counter()
+    first: dict[str, float] = {}
+    for i, (p, n) in enumerate(reqs):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=n, ignore_eos=True))
+    tokens = 0
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            now = time.perf_counter()
+            if o.new_token_ids and o.request_id not in first:
+                first[o.request_id] = now - t0
+            tokens += len(o.new_token_ids)
+    wall = time.perf_counter() - t0
+    return summary(list(first.values()), tokens, wall)
+
+
+class _FirstTokenTimer:
+    """A transformers streamer that records when the first generated token arrives."""
+
+    def __init__(self):
+        self.calls, self.first = 0, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2 and self.first is None:  # call 1 is the prompt
+            self.first = time.perf_counter()
+
+    def end(self):
+        pass
+
+
+def hf_generate(hf, ids: torch.Tensor, mask: torch.Tensor, n: int, streamer=None) -> torch.Tensor:
+    return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0, streamer=streamer)
+
+
+def run_hf_serial(hf, reqs) -> dict:
+    hf_generate(hf, torch.tensor([reqs[0][0][:4]]), torch.ones(1, 4, dtype=torch.long), 2)  # warm-up
+    t0 = time.perf_counter()
+    ttfts, tokens = [], 0
+    for p, n in reqs:
+        timer = _FirstTokenTimer()
+        out = hf_generate(hf, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long), n, timer)
+        ttfts.append(timer.first - t0)
+        tokens += out.shape[1] - len(p)
+    return summary(ttfts, tokens, time.perf_counter() - t0)
+
+
+def run_hf_static(hf, reqs) -> dict:
+    """One padded batch (left padding), run until its longest request is done."""
+    width = max(len(p) for p, _ in reqs)
+    ids = torch.zeros(len(reqs), width, dtype=torch.long)
+    mask = torch.zeros(len(reqs), width, dtype=torch.long)
+    for i, (p, _) in enumerate(reqs):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    n = max(m for _, m in reqs)
+    t0 = time.perf_counter()
+    timer = _FirstTokenTimer()
+    hf_generate(hf, ids, mask, n, timer)
+    wall = time.perf_counter() - t0
+    useful = sum(m for _, m in reqs)  # tokens each request asked for; the rest is padding work
+    return summary([timer.first - t0] * len(reqs), useful, wall)
+
+
+def kv_vs_recompute(loaded, context: int, decode_tokens: int) -> dict:
+    prompt = [3 + (i * 7919) % (loaded.config.vocab_size - 3) for i in range(context)]
+    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=1, num_kv_blocks=context // 16 + 8))
+    engine.add_request("kv", prompt, SamplingParams(max_tokens=decode_tokens + 1, ignore_eos=True))
+    engine.step()  # prefill (not timed) and first token
+    t0 = time.perf_counter()
+    n = 0
+    while engine.has_unfinished_requests():
+        n += sum(len(o.new_token_ids) for o in engine.step())
+    kv_tps = n / (time.perf_counter() - t0)
+    ids = torch.tensor([prompt])
+    loaded.model.forward_dense(ids[:, :16])
+    reps = 3
+    t0 = time.perf_counter()
+    for _ in range(reps):  # each new token recomputes the whole context
+        loaded.model.forward_dense(ids)
+    rec_tps = reps / (time.perf_counter() - t0)
+    return {"context_tokens": context, "kv_cache_tokens_per_s": kv_tps, "recompute_tokens_per_s": rec_tps,
+            "speedup": kv_tps / rec_tps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--precision", default=None, help="default: fp32 on CPU, bf16 on CUDA")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--prompt-tokens", type=int, nargs=2, default=[8, 96])
+    ap.add_argument("--output-tokens", type=int, nargs=2, default=[8, 64])
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--out", type=Path, default=Path("bench-results/engine.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    loaded = load_model(args.model, device=args.device, precision=args.precision)
+    import transformers
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(loaded.path), dtype=loaded.dtype).to(loaded.device)
+    hf.eval()
+    result: dict = {
+        "model": loaded.name, "device": str(loaded.device), "precision": loaded.precision,
+        "threads": args.threads, "torch": torch.__version__, "transformers": transformers.__version__,
+        "machine": platform.machine(), "cpu_count": torch.get_num_threads(),
+        "load_seconds": loaded.load_seconds, "concurrency": {},
+    }
+    if loaded.device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(loaded.device)
+    for c in args.concurrency:
+        reqs = workload(c, seed=100 + c, vocab=loaded.config.vocab_size,
+                        prompt_range=tuple(args.prompt_tokens), out_range=tuple(args.output_tokens))
+        row = {"requests": c}
+        with torch.inference_mode():
+            row["engine"] = run_engine(loaded, reqs, max_num_seqs=max(c, 1))
+            row["hf_one_at_a_time"] = run_hf_serial(hf, reqs)
+            row["hf_static_batch"] = run_hf_static(hf, reqs)
+        row["speedup_vs_one_at_a_time"] = row["engine"]["tokens_per_s"] / row["hf_one_at_a_time"]["tokens_per_s"]
+        row["speedup_vs_static_batch"] = row["engine"]["tokens_per_s"] / row["hf_static_batch"]["tokens_per_s"]
+        result["concurrency"][str(c)] = row
+        print(f"c={c}: engine {row['engine']['tokens_per_s']:.1f} tok/s, one-at-a-time "
+              f"{row['hf_one_at_a_time']['tokens_per_s']:.1f}, static {row['hf_static_batch']['tokens_per_s']:.1f}",
+              flush=True)
+    with torch.inference_mode():
+        result["kv_cache_vs_recompute"] = kv_vs_recompute(loaded, args.context, decode_tokens=16)
+    print("kv vs recompute:", result["kv_cache_vs_recompute"], flush=True)
+    del hf
+    sizes = {}
+    for p in ("fp32", "bf16", "int8", "int4"):
+        dev = "cpu" if loaded.device.type == "cpu" else str(loaded.device)
+        if p == "fp32" and loaded.precision == "fp32":
+            sizes[p] = loaded.weight_bytes
+            continue
+        sizes[p] = load_model(args.model, device=dev, precision=p).weight_bytes
+    result["weight_bytes"] = sizes
+    result["weight_bytes_ratio_to_bf16"] = {p: b / sizes["bf16"] for p, b in sizes.items()}
+    top = str(max(args.concurrency))
+    result["targets"] = {
+        f"c{top}_vs_one_at_a_time_ge_5x": result["concurrency"][top]["speedup_vs_one_at_a_time"] >= 5.0,
+        f"c{top}_vs_static_batch_ge_1.5x": result["concurrency"][top]["speedup_vs_static_batch"] >= 1.5,
+        "kv_cache_vs_recompute_ge_5x": result["kv_cache_vs_recompute"]["speedup"] >= 5.0,
+        "int8_le_0.55_of_bf16": result["weight_bytes_ratio_to_bf16"]["int8"] <= 0.55,
+        "int4_le_0.30_of_bf16": result["weight_bytes_ratio_to_bf16"]["int4"] <= 0.30,
+    }
+    result["bench_seconds"] = time.perf_counter() - t_start
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({"targets": result["targets"], "weight_bytes": sizes}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -27,6 +27,7 @@ import yaml
 
 from . import procs
 from .pki import Pki, ensure_pki
+from .podnet import choose_pod_cidr, release_block
 from .prometheus import remove_file_sd_target, render_config, write_config, write_file_sd_target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,11 @@ class LocalCluster:
     @property
     def ports(self) -> dict[str, int]:
         return self._state().get("ports", {})
+
+    @property
+    def pod_cidr(self) -> str:
+        """The block pods' addresses come from (198.18.x.0/20, or 127.n.0.0/16 without AnyIP)."""
+        return self._state()["pod_cidr"]
 
     @property
     def api_server_url(self) -> str:
@@ -265,13 +271,13 @@ class LocalCluster:
         taken: set[int] = set()
         ports = {n: _free_port(taken) for n in
                  ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "prometheus")}
-        # Pods get 127.<ip_octet>.y.z; a random second octet keeps two clusters' pods apart.
-        used = {json.loads(p.read_text()).get("pod_ip_octet") for p in
-                self.state_dir.parent.glob("*/state.json") if p != self._state_file} - {None}
-        octet = random.choice([o for o in range(10, 250) if o not in used])
-        self._save_state({"ports": ports, "pids": {}, "pod_ip_octet": octet, "started_at": time.time()})
+        pod_cidr, warning = choose_pod_cidr(self.state_dir)
+        if warning:
+            print(f"WARNING: {warning}", file=sys.stderr)
+        self._save_state({"ports": ports, "pids": {}, "pod_cidr": pod_cidr, "pod_network_warning": warning,
+                          "started_at": time.time()})
         try:
-            self._up_components(ports, octet)
+            self._up_components(ports, pod_cidr)
         except BaseException:
             self.down(quiet=True, keep_logs=True)
             raise
@@ -285,7 +291,7 @@ class LocalCluster:
                   f"prometheus={self.prometheus_url}", file=sys.stderr)
         return took
 
-    def _up_components(self, ports: dict[str, int], octet: int) -> None:
+    def _up_components(self, ports: dict[str, int], pod_cidr: str) -> None:
         pki = ensure_pki(self.state_dir / "pki")
         b = self.bin_dir
         etcd_url = f"https://127.0.0.1:{ports['etcd']}"
@@ -354,7 +360,7 @@ class LocalCluster:
             sys.executable, "-m", "preheat_cluster.node_agent",
             f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}",
             f"--nodes={self.nodes}", f"--gpus-per-node={self.gpus_per_node}",
-            f"--image-map={self.image_map}", f"--pod-ip-octet={octet}",
+            f"--image-map={self.image_map}", f"--pod-cidr={pod_cidr}",
         ])
         self._wait("controller-manager and scheduler /healthz", self._check_cm_scheduler, 60,
                    ("kube-controller-manager", "kube-scheduler"))
@@ -440,6 +446,7 @@ class LocalCluster:
         left = procs.marked_pids(self.cluster_id)
         if left:
             raise ClusterError(f"processes still running after down: {left}")
+        release_block(self.state_dir, self._state().get("pod_cidr"))
         if self.state_dir.exists():
             logs = self.logs_dir
             keep = self.state_dir.parent / f"{self.state_dir.name}-last-logs" if keep_logs and logs.exists() else None

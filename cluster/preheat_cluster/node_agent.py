@@ -13,6 +13,7 @@ import base64
 import contextlib
 import datetime as dt
 import http.client
+import ipaddress
 import itertools
 import json
 import logging
@@ -72,24 +73,25 @@ def now_micro() -> str:
 # Pod IPs
 # ---------------------------------------------------------------------------------------------------
 class IpAllocator:
-    """Hands out 127.<octet>.y.z addresses; a released address is not reused until the range wraps,
-    and a live one never is (the whole 127/8 routes to `lo`, so binding needs no setup)."""
+    """Hands out addresses of the cluster's pod CIDR; a released address is not reused until the range
+    wraps, and a live one never is. The CIDR is local to this host (see `podnet`), so binding needs
+    no setup."""
 
-    def __init__(self, octet: int):
-        self.octet = octet
+    def __init__(self, cidr: str):
+        self.network = ipaddress.ip_network(cidr)
+        self._hosts = [h for h in self.network.hosts() if int(h) & 0xFF not in (0, 255)]
         self._live: set[str] = set()
-        self._counter = itertools.count(1)
+        self._counter = itertools.count(0)
         self._lock = threading.Lock()
 
     def allocate(self) -> str:
         with self._lock:
-            for _ in range(256 * 254):
-                n = next(self._counter) % (256 * 254)
-                ip = f"127.{self.octet}.{n // 254}.{n % 254 + 1}"
+            for _ in range(len(self._hosts)):
+                ip = str(self._hosts[next(self._counter) % len(self._hosts)])
                 if ip not in self._live:
                     self._live.add(ip)
                     return ip
-        raise RuntimeError("pod IP range exhausted")
+        raise RuntimeError(f"pod CIDR {self.network} exhausted")
 
     def reserve(self, ip: str) -> None:
         with self._lock:
@@ -860,7 +862,7 @@ class NodeAgent:
         if self.gpus:
             self.allocatable["nvidia.com/gpu"] = str(self.gpus)
         self.backoff_base_s = args.crashloop_backoff_s
-        self.ips = IpAllocator(args.pod_ip_octet)
+        self.ips = IpAllocator(args.pod_cidr)
         config.load_kube_config(config_file=args.kubeconfig)
         cfg = client.Configuration.get_default_copy()
         cfg.connection_pool_maxsize = 64
@@ -1055,7 +1057,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu", default="64")
     ap.add_argument("--memory", default="256Gi")
     ap.add_argument("--max-pods", type=int, default=1000)
-    ap.add_argument("--pod-ip-octet", type=int, default=10, help="pods get 127.<octet>.y.z")
+    ap.add_argument("--pod-cidr", default="127.10.0.0/16", help="pods' addresses (local to this host)")
     ap.add_argument("--crashloop-backoff-s", type=float, default=10.0, help="first restart back-off (kubelet: 10 s)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)

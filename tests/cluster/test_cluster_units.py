@@ -4,6 +4,7 @@ lightweight server (a real HTTP server on loopback)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from preheat_cluster import default_bin_dir
+from preheat_cluster import default_bin_dir, podnet
 from preheat_cluster.node_agent import IpAllocator, ProbeState, run_probe
 from preheat_cluster.pki import ensure_pki
 from preheat_cluster.podspec import (
@@ -167,14 +168,30 @@ def test_mount_paths_are_rewritten_whole_components_only() -> None:
         "PREHEAT_MOUNT_VAR_RUN_SECRETS_KUBERNETES_IO_SERVICEACCOUNT")
 
 
-def test_pod_ips_are_distinct_loopback_addresses_and_not_reused_while_live() -> None:
-    alloc = IpAllocator(42)
+def test_pod_ips_are_distinct_and_not_reused_while_live() -> None:
+    alloc = IpAllocator("198.18.32.0/20")
     ips = [alloc.allocate() for _ in range(600)]
     assert len(set(ips)) == 600
-    assert all(ip.startswith("127.42.") and not ip.endswith(".0") and not ip.endswith(".255") for ip in ips)
+    net = ipaddress.ip_network("198.18.32.0/20")
+    assert all(ipaddress.ip_address(ip) in net and not ip.endswith((".0", ".255")) for ip in ips)
     alloc.release(ips[0])
     # A released address is not handed out again straight away (a late client could still reach it).
     assert alloc.allocate() not in ips
+
+
+def test_pod_cidr_blocks_are_claimed_once_per_cluster(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "state.json").write_text("{}")  # a live cluster's marker
+    ca, cb = podnet.claim_block(a), podnet.claim_block(b)
+    try:
+        assert ca != cb
+        assert podnet.claim_block(a) == ca  # idempotent for the same cluster
+        assert ipaddress.ip_network(ca).subnet_of(podnet.ANYIP_RANGE)
+    finally:
+        podnet.release_block(a, ca)
+        podnet.release_block(b, cb)
 
 
 def test_probe_thresholds_follow_the_kubelet() -> None:

@@ -2,7 +2,8 @@
 
 `local_cluster` brings the cluster up once per pytest session and down at the end. It reuses a cluster
 that is already up in `.cluster/` (`make cluster-up`) and then leaves it running; with
-`PREHEAT_KUBECONFIG` and `PREHEAT_PROMETHEUS_URL` set it uses that cluster instead (the kind e2e).
+`PREHEAT_KUBECONFIG` and `PREHEAT_PROMETHEUS_URL` set it uses that cluster instead (the kind e2e);
+with `PREHEAT_CLUSTER_DIR` set it runs its own local cluster in that state dir.
 Missing binaries FAIL the tests that need the cluster, with the command that builds them."""
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ def local_cluster() -> Iterator[ClusterHandle]:
         return
     from preheat_cluster import ClusterError, LocalCluster, missing_binaries
 
-    cluster = LocalCluster()
+    # PREHEAT_CLUSTER_DIR gives a session its own cluster (another state dir, other ports).
+    state_dir = os.environ.get("PREHEAT_CLUSTER_DIR")
+    cluster = LocalCluster(state_dir=Path(state_dir)) if state_dir else LocalCluster()
     missing = missing_binaries(cluster.bin_dir)
     if missing:
         pytest.fail(

@@ -311,6 +311,12 @@ class PodWorker:
             log.exception("pod %s/%s: worker failed", self.ns, self.name)
             self.agent.event(self.pod, "Warning", "AgentError", f"node agent error: {e}")
             self._kill_all(0)
+            # Say so in the pod's status too, rather than leaving it Pending without a reason.
+            for c in self._all():
+                c.state = {"waiting": {"reason": "AgentError", "message": f"node agent error: {e}"}}
+            self.last_status = None
+            with contextlib.suppress(Exception):
+                self._publish()
         finally:
             self.agent.ips.release(self.ip)
             self.agent.forget(self)

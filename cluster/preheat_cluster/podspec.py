@@ -177,7 +177,8 @@ def resource_field_ref(container: dict, ref: dict, node_allocatable: dict[str, s
     value = res.get(name)
     if value is None:
         value = node_allocatable.get(name, "0") if kind == "limits" else "0"
-    divisor = parse_quantity(ref.get("divisor") or "1")
+    # The API server defaults an absent divisor to "0", which the kubelet reads as 1.
+    divisor = parse_quantity(ref.get("divisor") or "1") or 1.0
     return str(max(math.ceil(parse_quantity(value) / divisor), 1 if kind == "limits" else 0))
 
 

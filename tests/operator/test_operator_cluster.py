@@ -3,6 +3,7 @@ real process. Each test watches its own namespace with its own operator."""
 
 from __future__ import annotations
 
+import os
 import threading
 import urllib.request
 
@@ -58,7 +59,8 @@ def test_tiny_cpu_sample_end_to_end(operator_factory, cluster_view, namespace, c
     assert header == ["NAME", "SERVING", "WARM", "DESIRED", "RATE", "FORECAST", "READY", "AGE"]
     row = out.splitlines()[1].split()
     assert row[0] == name and row[1] == "1" and row[2] == "1" and row[6] == "True"
-    assert "ie" in kubectl(crd_installed, "api-resources", "--api-group=preheat.dev").stdout.split()
+    resources = kubectl(crd_installed, "api-resources", "--api-group=preheat.dev").stdout.splitlines()[1].split()
+    assert resources[1].split(",") == ["ie", "iep"]
 
     status = cv.status(name)
     assert status["desiredReplicas"] == 2 and status["coldStartSeconds"] > 0
@@ -174,8 +176,14 @@ def _load(ips_fn, stop: threading.Event, rate_per_s: float, limit: int) -> None:
 
 def test_prometheus_down_holds_size_then_scaling_resumes(operator_factory, cluster_view, namespace, crd_installed):
     cluster = crd_installed.cluster
+    if cluster is None and os.environ.get("PREHEAT_CLUSTER_STATE_DIR"):
+        # A local cluster of its own state dir, given as an external one (PREHEAT_KUBECONFIG & co).
+        from preheat_cluster import LocalCluster
+
+        cluster = LocalCluster(state_dir=os.environ["PREHEAT_CLUSTER_STATE_DIR"])
     if cluster is None:
-        pytest.fail("this test stops the local cluster's Prometheus; it cannot run against an external cluster")
+        pytest.fail("this test stops the local cluster's Prometheus; it cannot run against an external cluster "
+                    "(set PREHEAT_CLUSTER_STATE_DIR for a local cluster in another state dir)")
     cv = cluster_view
     name = "promfault"
     op = operator_factory("--interval", "3")

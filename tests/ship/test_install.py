@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from .tools import CHART, DASHBOARD, REPO, Kube, find_tool, run
-from .workload import dashboard_queries, prometheus_query_range, send_requests, substitute
+from .workload import dashboard_queries, prometheus_query_range, send_requests, serving_addresses, substitute
 
 pytestmark = pytest.mark.cluster
 
@@ -127,10 +127,17 @@ def release(local_cluster) -> Iterator[Release]:
         kube.helm(*argv, timeout=240)
         kube.kubectl("create", "namespace", rel.apps_namespace)
         kube.kubectl("apply", "-n", rel.apps_namespace, "-f", str(SAMPLE))
+        # Reconciled = a serving replica is Ready behind the Service (the model load takes a while on a
+        # busy 2-core machine, hence the generous bound).
         _wait(
             f"Deployment {rel.endpoint} ready",
             lambda: _deployment_ready(kube, rel.apps_namespace, rel.endpoint),
-            timeout=180,
+            timeout=240,
+        )
+        _wait(
+            f"a serving endpoint of {rel.endpoint}",
+            lambda: serving_addresses(kube, rel.apps_namespace, rel.endpoint),
+            timeout=120,
         )
         yield rel
     finally:

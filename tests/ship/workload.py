@@ -1,9 +1,10 @@
 """A small real workload for the dashboard test, and PromQL helpers.
 
 Requests go to the serving pods' addresses from the endpoint's EndpointSlices, as a client of a
-cluster without kube-proxy would. On the local cluster those are loopback addresses and are called
-directly; on a cluster whose pod IPs the test host cannot reach (kind: PREHEAT_POD_NETWORK=proxy)
-they go through the API server's pod proxy. Nothing is ever sent to a non-loopback address directly.
+cluster without kube-proxy would. On the local cluster those are host-local addresses (loopback, or
+198.18.0.0/15 made local on the loopback device, see preheat_cluster.podnet) and are called directly;
+on a cluster whose pod IPs the test host cannot reach (kind: PREHEAT_POD_NETWORK=proxy) requests go
+through the API server's pod proxy. Nothing is ever sent directly to an address off this host.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def serving_addresses(kube: Kube, namespace: str, service: str) -> list[tuple[st
     return out
 
 
+# The local cluster's pod range: RFC 2544 benchmarking addresses routed to the loopback device.
+LOCAL_POD_RANGE = ipaddress.ip_network("198.18.0.0/15")
+
+
+def is_host_local(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    return addr.is_loopback or addr in LOCAL_POD_RANGE
+
+
 def _post(kube: Kube, handle: Any, namespace: str, pod: str, ip: str, port: int, body: dict[str, Any]) -> int:
     data = json.dumps(body).encode()
     if os.environ.get("PREHEAT_POD_NETWORK") == "proxy":
@@ -81,8 +91,10 @@ def _post(kube: Kube, handle: Any, namespace: str, pod: str, ip: str, port: int,
             timeout=60,
         )
         return 200 if proc.returncode == 0 else 500
-    if not ipaddress.ip_address(ip).is_loopback:
-        raise AssertionError(f"pod IP {ip} is not loopback: set PREHEAT_POD_NETWORK=proxy for this cluster")
+    if not is_host_local(ip):
+        raise AssertionError(
+            f"pod IP {ip} is not on this host: set PREHEAT_POD_NETWORK=proxy for this cluster"
+        )
     req = urllib.request.Request(
         f"http://{ip}:{port}/v1/completions", data=data, headers={"Content-Type": "application/json"}
     )

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries test test-unit test-cluster lint cluster-up cluster-down demo \
+.PHONY: setup binaries shell test test-unit test-cluster lint cluster-up cluster-down demo \
         bench-server bench-sim bench-forecast clean
 
 # The venv is rebuilt only when pyproject.toml changes; pip's cache lives outside the repo.
@@ -30,16 +30,22 @@ test-unit: setup
 	$(PY) -m pytest -m "not cluster" tests
 
 test-cluster: setup binaries
-	$(PY) -m pytest -m cluster tests
+	bash scripts/netns.sh preheat-test-cluster $(PY) -m pytest -m cluster tests; rc=$$?; ip netns del preheat-test-cluster 2>/dev/null; exit $$rc
 
+# The local cluster lives in the network namespace `preheat-dev` (scripts/netns.sh says why);
+# `make shell` opens a shell there with KUBECONFIG set, for kubectl and friends.
 cluster-up: setup binaries
-	$(PY) -m preheat_cluster up
+	bash scripts/netns.sh preheat-dev $(PY) -m preheat_cluster up
 
 cluster-down:
-	@if [ -x $(PY) ]; then $(PY) -m preheat_cluster down; else echo "no venv: nothing started"; fi
+	@if [ -x $(PY) ]; then bash scripts/netns.sh preheat-dev $(PY) -m preheat_cluster down; else echo "no venv: nothing started"; fi
+	-@ip netns del preheat-dev 2>/dev/null || true
+
+shell:
+	KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$(PREHEAT_CACHE)/bin:$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/netns.sh preheat-dev bash
 
 demo: setup binaries
-	bash scripts/demo.sh
+	bash scripts/netns.sh preheat-demo bash scripts/demo.sh; rc=$$?; ip netns del preheat-demo 2>/dev/null; exit $$rc
 
 bench-server: setup
 	$(PY) model-server/bench/bench_server.py --out bench-results/server.json

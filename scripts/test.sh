@@ -19,10 +19,13 @@ echo "== ruff"
 echo "== pytest"
 # One pytest run, so the closing line counts every test; the session fixture brings the cluster up
 # once for the tests marked 'cluster' and takes it down at the end.
+# Everything from here runs in a network namespace of our own (scripts/netns.sh says why), deleted
+# at the end with whatever was left in it.
+ns="preheat-test-$$"
 set +e
-"$PY" -m pytest tests "$@"
+bash scripts/netns.sh "$ns" bash -c '"$0" -m pytest tests "$@"; rc=$?; "$0" -m preheat_cluster down >/dev/null 2>&1; exit $rc' "$PY" "$@"
 rc=$?
 set -e
-# Never leave cluster processes behind, even when a test failed half-way.
-"$PY" -m preheat_cluster down >/dev/null 2>&1 || true
+ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+ip netns del "$ns" 2>/dev/null || true
 exit $rc

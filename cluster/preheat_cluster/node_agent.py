@@ -267,6 +267,7 @@ class PodWorker:
         self.name = pod["metadata"]["name"]
         self.wake = threading.Event()
         self.removed = False  # the API object is gone (force deletion)
+        self.failed = False  # the worker hit an agent bug; the agent only finalises the pod's deletion
         self.ip: str | None = (pod.get("status") or {}).get("podIP")
         self.dir = agent.state_dir / "pods" / self.ns / self.name
         self.containers: dict[str, Container] = {}
@@ -309,6 +310,7 @@ class PodWorker:
             self._terminate()
         except Exception as e:  # a bad pod must never take the agent down
             log.exception("pod %s/%s: worker failed", self.ns, self.name)
+            self.failed = True
             self.agent.event(self.pod, "Warning", "AgentError", f"node agent error: {e}")
             self._kill_all(0)
             # Say so in the pod's status too, rather than leaving it Pending without a reason.
@@ -878,6 +880,7 @@ class NodeAgent:
         self.api_port = int(cfg.host.rsplit(":", 1)[1])
         self.workers: dict[str, PodWorker] = {}
         self.finalised: set[str] = set()
+        self.failed: set[str] = set()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._event_seen: dict[str, float] = {}
@@ -990,6 +993,11 @@ class NodeAgent:
         with self.lock:
             if uid in self.finalised:
                 return
+            if uid in self.failed:
+                if pod["metadata"].get("deletionTimestamp") or kind == "DELETED":
+                    self.failed.discard(uid)
+                    threading.Thread(target=self._finalise, args=(pod,), daemon=True).start()
+                return
             w = self.workers.get(uid)
             if kind == "DELETED":
                 if w:
@@ -1008,8 +1016,16 @@ class NodeAgent:
     def forget(self, w: PodWorker) -> None:
         with self.lock:
             self.workers.pop(w.uid, None)
-            # Late watch events for a finalised pod must not start it again.
-            self.finalised.add(w.uid)
+            # Late watch events for a finalised pod must not start it again; a pod whose worker failed
+            # is only finalised when it is deleted (its processes are already stopped).
+            (self.failed if w.failed else self.finalised).add(w.uid)
+
+    def _finalise(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(
+                meta["name"], meta["namespace"], grace_period_seconds=0,
+                body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])))
 
     def event(self, pod: dict, type_: str, reason: str, message: str, dedupe: str | None = None) -> None:
         """Record a core/v1 Event on `pod` (never raises: Events are best effort, as in the kubelet)."""

@@ -12,7 +12,7 @@ from collections import deque
 from typing import Any
 
 from preheat.forecast.base import Forecaster, clean_sample, valid_query
-from preheat.forecast.quantile import DEFAULT_HORIZONS_S
+from preheat.forecast.quantile import DEFAULT_HORIZONS_S, MIN_ISSUE_S
 
 
 class EnsembleForecaster:
@@ -100,7 +100,7 @@ class EnsembleForecaster:
                     self.mse[h][i] += w * (e2 - self.mse[h][i])
                     self.scored[h][i] = k + 1
             last = self.last_issue[h]
-            if last is None or t - last >= h / 8.0:
+            if last is None or t - last >= max(h / 8.0, MIN_ISSUE_S):
                 preds = [self.members[name].forecast(t, h) for name in self.names]
                 pend.append((t + h, preds))
                 self.last_issue[h] = t

@@ -12,6 +12,10 @@ from typing import Any
 
 from preheat.forecast.base import Forecaster, check_quantile, clean_sample, sample_quantile, valid_query
 
+# Forecasts are issued for scoring at most this often per horizon: with 15 s samples, scoring
+# every one would double the cost of a step for little more information.
+MIN_ISSUE_S = 30.0
+
 DEFAULT_HORIZONS_S = (60.0, 300.0, 900.0, 3600.0)
 
 
@@ -95,7 +99,7 @@ class QuantileForecaster:
                 if t - target <= late_ok:
                     track.residuals.append((y - point) / max(point, floor))
                     track.cache.clear()
-            if track.last_issue is None or t - track.last_issue >= h / 8.0:
+            if track.last_issue is None or t - track.last_issue >= max(h / 8.0, MIN_ISSUE_S):
                 point = self.base.forecast(t, h)
                 if point is not None:
                     pending.append((t + h, point))

@@ -20,11 +20,6 @@ class ScalingPolicy(Protocol):
     def decide(self, obs: Observation) -> Decision: ...
 
 
-# The forecast that sizes serving is the peak over the lead time, sampled at these fractions of it:
-# a peak shorter than the lead time still has to be met by replicas ordered now.
-_LEAD_FRACTIONS = (0.5, 1.0)
-
-
 class Autoscaler:
     """Forecaster + PolicyConfig + PolicyState for one endpoint. Implements ScalingPolicy.
 
@@ -50,20 +45,23 @@ class Autoscaler:
         return lead_time_s(self.config, samples or self.state.cold_start_samples_s)
 
     def forecast_over(self, t_s: float, lead_s: float) -> tuple[float | None, float | None]:
-        """(point, upper) forecast peaks over (now, now + lead]; (None, None) without a basis."""
+        """(point, upper) forecast peaks over (now, now + window]; (None, None) without a basis.
+
+        The window is the lead time, or `forecast_window_s` if longer. A peak shorter than the lead
+        time must still be met by replicas ordered now, so the point forecast is taken at half and
+        all of the lead time (and at the end of a longer window); the upper forecast, which sizes
+        the warm pool, at the lead time (and the window's end).
+        """
         if not self.config.forecasting:
             return None, None
-        points: list[float] = []
-        uppers: list[float] = []
-        for frac in _LEAD_FRACTIONS:
-            h = lead_s * frac
-            p = self.forecaster.forecast(t_s, h)
-            u = self.forecaster.forecast_upper(t_s, h, self.config.quantile)
-            if p is not None and is_valid_signal(p):
-                points.append(p)
-            if u is not None and is_valid_signal(u):
-                uppers.append(u)
-        return (max(points) if points else None, max(uppers) if uppers else None)
+        window = max(lead_s, self.config.forecast_window_s or 0.0)
+        point_hs = [lead_s * 0.5, lead_s] + ([window] if window > lead_s else [])
+        upper_hs = [lead_s] + ([window] if window > lead_s else [])
+        points = [self.forecaster.forecast(t_s, h) for h in point_hs]
+        uppers = [self.forecaster.forecast_upper(t_s, h, self.config.quantile) for h in upper_hs]
+        points_ok = [p for p in points if p is not None and is_valid_signal(p)]
+        uppers_ok = [u for u in uppers if u is not None and is_valid_signal(u)]
+        return (max(points_ok) if points_ok else None, max(uppers_ok) if uppers_ok else None)
 
     def step(self, obs: Observation) -> Decision:
         """Observe, forecast, decide. Never raises on bad observations (they give a hold)."""

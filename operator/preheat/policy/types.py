@@ -41,6 +41,9 @@ class PolicyConfig:
     forecasting: bool = True
     quantile: float = 0.9
     horizon_override_s: float | None = None
+    # Size serving for the forecast peak over (now, now + max(lead time, this)]: looking further than
+    # the lead time pre-scales a daily ramp earlier, at the price of replicas ordered sooner.
+    forecast_window_s: float | None = None
     # Put the upper-quantile margin into serving replicas instead of the warm pool (costlier, safer).
     margin_in_serving: bool = False
     stable_window_s: float = 60.0
@@ -108,6 +111,9 @@ class PolicyConfig:
             q = getattr(self, name)
             if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 < q < 1.0:
                 out.append(f"{name} must be strictly between 0 and 1, got {q!r}")
+        w = self.forecast_window_s
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0):
+            out.append(f"forecast_window_s must be None or a non-negative number, got {w!r}")
         h = self.horizon_override_s
         if h is not None and (isinstance(h, bool) or not isinstance(h, int | float) or not math.isfinite(h) or h < 0):
             out.append(f"horizon_override_s must be None or a non-negative number, got {h!r}")

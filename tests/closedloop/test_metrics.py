@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from preheat.closedloop import PodView, Sample, endpoint_manifest
@@ -78,8 +76,9 @@ def test_capacity_lead_is_positive_when_serving_replicas_precede_the_demand():
     warm = [Sample(0.0, (pod("a", "serving", True), pod("b", "warm", True))), Sample(4.0, (pod("a", "serving", True), pod("b", "serving", True)))]
     assert M.capacity_lead(warm, need_t, need, loaded=True)[0]["lead_s"] == 3.0
     assert M.capacity_lead(warm, need_t, need)[0]["lead_s"] == -1.0
-    never = M.capacity_lead([Sample(0.0, (pod("x", "serving", True),))], need_t, need)
-    assert all(math.isinf(x["lead_s"]) and x["lead_s"] < 0 for x in never)
+    never = M.capacity_lead([Sample(0.0, (pod("x", "serving", True),)), Sample(9.0, ())], need_t, need)
+    # never reached: the lead is bounded by the end of the run and flagged
+    assert [(x["lead_s"], x["reached"]) for x in never] == [(3.0 - 9.0, False), (6.0 - 9.0, False)]
 
 
 def test_warm_and_unready_pods_are_not_serving_capacity():

@@ -370,8 +370,8 @@ class Comparison:
         """Per mode: the numbers a reader compares first."""
         out = {}
         for mode, r in self.modes.items():
-            leads = [x["lead_s"] for x in r.get("capacity_lead", []) if np.isfinite(x["lead_s"])]
-            loaded = [x["lead_s"] for x in r.get("loaded_capacity_lead", []) if np.isfinite(x["lead_s"])]
+            leads = [x["lead_s"] for x in r.get("capacity_lead", [])]
+            loaded = [x["lead_s"] for x in r.get("loaded_capacity_lead", [])]
             out[mode] = {
                 "slo_attainment": r.get("slo_attainment"),
                 "p50_latency_s": r.get("p50_latency_s"),

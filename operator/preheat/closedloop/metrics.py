@@ -8,7 +8,6 @@ figure here is unit-tested without a cluster.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -160,8 +159,10 @@ def capacity_lead(
             continue
         t_need = float(need_t[idx[0]])
         have = [s.t_s for s in ordered if (s.serving_ready + (s.warm_ready if loaded else 0)) >= k]
-        t_have = have[0] if have else math.inf
-        out.append({"replicas": k, "t_need_s": t_need, "t_have_s": t_have, "lead_s": t_need - t_have})
+        # never reached within the run: the lead is at most this (a bound, flagged reached=False)
+        t_have = have[0] if have else (ordered[-1].t_s if ordered else t_need)
+        out.append({"replicas": k, "t_need_s": t_need, "t_have_s": t_have, "lead_s": t_need - t_have,
+                    "reached": bool(have)})
     return out
 
 

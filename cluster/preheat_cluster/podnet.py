@@ -47,11 +47,13 @@ def ensure_anyip_route() -> tuple[bool, str]:
 
 
 def _owner_alive(path: Path) -> bool:
+    """A claim is live while its cluster's state.json lists a process that is still running."""
     try:
         owner = Path(path.read_text().strip())
-    except FileNotFoundError:
+        pids = json.loads((owner / "state.json").read_text()).get("pids", {}).values()
+    except (OSError, ValueError):
         return False
-    return (owner / "state.json").exists()
+    return any(os.path.exists(f"/proc/{int(p)}") for p in pids)
 
 
 def claim_block(state_dir: Path) -> str:

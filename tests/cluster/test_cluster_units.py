@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -183,7 +184,8 @@ def test_pod_cidr_blocks_are_claimed_once_per_cluster(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         d.mkdir()
-        (d / "state.json").write_text("{}")  # a live cluster's marker
+        # A live cluster: its state lists a running process (this one).
+        (d / "state.json").write_text(json.dumps({"pids": {"etcd": os.getpid()}}))
     ca, cb = podnet.claim_block(a), podnet.claim_block(b)
     try:
         assert ca != cb

@@ -193,10 +193,21 @@ def test_prometheus_operator_objects_are_optional(helm: str, default_objects: li
     assert one(objs, "ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"] is True
 
 
-def test_bad_values_fail_with_a_message(helm: str) -> None:
-    proc = run([helm, "template", "x", str(CHART), "--set", "serviceAccount.create=false"], check=False)
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("serviceAccount.create=false", "serviceAccount.name is required"),
+        # values.schema.json: a misspelt key, a URL without scheme, zero replicas.
+        ("watchNamespace=ml", "additional properties 'watchNamespace' not allowed"),
+        ("prometheus.url=prometheus:9090", "does not match pattern"),
+        ("operator.replicas=0", "/operator/replicas"),
+        ("monitoring.podMonitor.interval=15", "/monitoring/podMonitor/interval"),
+    ],
+)
+def test_bad_values_fail_with_a_message(helm: str, setting: str, message: str) -> None:
+    proc = run([helm, "template", "x", str(CHART), "--set", setting], check=False)
     assert proc.returncode != 0
-    assert "serviceAccount.name is required" in proc.stderr
+    assert message in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries shell test test-unit test-cluster lint cluster-up cluster-down demo \
+.PHONY: setup binaries shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
         bench-server bench-sim bench-forecast clean
 
 # The venv is rebuilt only when pyproject.toml changes; pip's cache lives outside the repo.
@@ -55,6 +55,11 @@ bench-sim: setup
 
 bench-forecast: setup
 	$(PY) -m preheat.forecast.bench --out bench-results/forecast.json
+
+# The CRD is generated from the pydantic spec; the chart carries a copy (a test keeps them equal).
+crd: setup
+	$(PY) -m preheat crd > crds/inferenceendpoint.yaml
+	cp crds/inferenceendpoint.yaml manifests/chart/preheat/crds/inferenceendpoint.yaml
 
 clean: cluster-down
 	rm -rf $(VENV) .cluster

@@ -10,3 +10,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[operator,server,plot,dev]"
+
+# Debian tools the tests use: shellcheck (the kind e2e script is checked, not run, without Docker).
+if ! command -v shellcheck >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends shellcheck >/dev/null
+fi

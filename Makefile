@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
-        bench-server bench-sim bench-forecast clean
+        bench-server bench-sim bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when pyproject.toml changes; pip's cache lives outside the repo.
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -60,6 +60,9 @@ bench-forecast: setup
 crd: setup
 	$(PY) -m preheat crd > crds/inferenceendpoint.yaml
 	cp crds/inferenceendpoint.yaml manifests/chart/preheat/crds/inferenceendpoint.yaml
+
+bench-cluster: setup binaries
+	bash scripts/netns.sh preheat-bench $(PY) cluster/bench/bench_cluster.py --out bench-results/cluster.json; rc=$$?; ip netns del preheat-bench 2>/dev/null; exit $$rc
 
 clean: cluster-down
 	rm -rf $(VENV) .cluster

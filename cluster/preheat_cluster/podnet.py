@@ -36,6 +36,11 @@ def ensure_anyip_route() -> tuple[bool, str]:
     probe = str(ANYIP_RANGE.network_address + 1)
     if _bindable(probe):
         return True, ""
+    # The route goes only into a network namespace of our own (scripts/netns.sh creates it and sets
+    # PREHEAT_NETNS), never into the machine's: pod traffic must stay inside a test host we made.
+    if not os.environ.get("PREHEAT_NETNS"):
+        return False, ("not inside Preheat's network namespace: run through `scripts/netns.sh NAME ...` "
+                       "(make cluster-up/test/demo do) to give pods EndpointSlice-valid addresses")
     try:
         r = subprocess.run(["ip", "route", "add", "local", str(ANYIP_RANGE), "dev", "lo"],
                            capture_output=True, text=True, timeout=10)

@@ -26,7 +26,7 @@ def find_tool(name: str, bin_dir: Path | None = None) -> str:
     """The cluster's own build of a tool first (same version CI uses), else PATH.
 
     Missing tools are a skip with the reason in the summary (pytest -ra), never a silent pass:
-    `make test` builds them first (`make binaries`, `make prometheus`).
+    `make test` builds them first (`make binaries`).
     """
     for d in (bin_dir, CACHE_BIN):
         if d is not None and (Path(d) / name).is_file():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from preheat_server.config import ServerConfig
@@ -118,7 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> int:
         return await Server(config).run_until_signal()
 
-    return asyncio.run(run())
+    code = asyncio.run(run())
+    # A SIGTERM during loading leaves the loader (a daemon thread, possibly inside torch) running;
+    # letting the interpreter finalize under it can abort the process. Everything is closed and
+    # drained by now, so leave at once with the code we mean.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,8 @@ class Server:
         embeddings_only = is_embedding_model(config.model)
         try:
             loaded = await _in_daemon_thread(lambda: self._load_blocking(embeddings_only))
+        except asyncio.CancelledError:
+            raise   # shut down while loading: not a failure
         except BaseException as exc:
             self.load_error = exc
             log.error("loading %s failed: %s", config.model, exc)

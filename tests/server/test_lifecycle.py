@@ -44,9 +44,9 @@ def test_sigterm_readiness_503_inflight_finish_exit_0(spawn_server_process: Any,
     parse_metrics, wait_ready = server_tools.parse_metrics, server_tools.wait_ready
     server = spawn_server_process(["--model", "tiny", "--max-num-seqs", "2", "--drain-timeout-s", "5",
                                    "--completion-cache-size", "0"])
-    assert requests.get(server.url + "/health/live", timeout=10).status_code == 200
+    assert requests.get(server.url + "/health/live", timeout=120).status_code == 200
     wait_ready(server.url)
-    metrics = parse_metrics(requests.get(server.url + "/metrics", timeout=10).text)
+    metrics = parse_metrics(requests.get(server.url + "/metrics", timeout=120).text)
     cold_start = metrics[("preheat:model_load_seconds", ())]
     assert cold_start > 0
     assert metrics[("preheat:server_state", (("state", "ready"),))] == 1
@@ -60,14 +60,14 @@ def test_sigterm_readiness_503_inflight_finish_exit_0(spawn_server_process: Any,
 
     server.proc.terminate()                       # SIGTERM
     for _ in range(1000):
-        ready = requests.get(server.url + "/health/ready", timeout=10)
+        ready = requests.get(server.url + "/health/ready", timeout=120)
         if ready.status_code == 503:
             break
     assert ready.status_code == 503 and ready.json()["state"] == "draining"
-    assert requests.get(server.url + "/health/live", timeout=10).status_code == 200
-    refused = requests.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+    assert requests.get(server.url + "/health/live", timeout=120).status_code == 200
+    refused = requests.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=120)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_draining"
-    metrics = parse_metrics(requests.get(server.url + "/metrics", timeout=10).text)
+    metrics = parse_metrics(requests.get(server.url + "/metrics", timeout=120).text)
     assert metrics[("preheat:server_state", (("state", "draining"),))] == 1
 
     short.join(60)

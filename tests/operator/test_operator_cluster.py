@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 import yaml
-from ophelpers import ROOT, SAMPLES, is_ready, kubectl, lightweight_endpoint, role, wait_for
+from ophelpers import SAMPLES, is_ready, kubectl, lightweight_endpoint, role, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -224,32 +224,6 @@ def test_prometheus_down_holds_size_then_scaling_resumes(operator_factory, clust
              "MetricsAvailable=True again", op)
     # Scaling resumes: the load is gone, so the endpoint comes back down to its floor.
     wait_for(lambda: cv.status(name).get("servingReplicas") == 1, 180, "scale back down to 1 serving", op)
-
-
-def test_peering_only_the_higher_priority_operator_acts(operator_factory, cluster_view, namespace, crd_installed):
-    cv = cluster_view
-    kubectl(crd_installed, "apply", "-f", str(ROOT / "manifests" / "chart" / "preheat" / "crds" / "kopf-peering.yaml"))
-    kubectl(crd_installed, "wait", "--for", "condition=Established", "--timeout=60s", "crd/kopfpeerings.kopf.dev")
-    kubectl(crd_installed, "apply", "-n", namespace, "-f", "-",
-            input="apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata: {name: preheat}\n")
-    low = operator_factory("--interval", "2", "--peering", "preheat", "--priority", "1")
-    high = operator_factory("--interval", "2", "--peering", "preheat", "--priority", "2")
-    try:
-        wait_for(lambda: "Pausing operations in favour of" in low.log_tail(200), 60, "low-priority operator pauses",
-                 low)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nhigh-priority operator log:\n{high.log_tail()}") from None
-
-    name = "peered"
-    cv.create(lightweight_endpoint(name, minReplicas=1, warmPool={"min": 1, "max": 1}))
-    wait_for(lambda: cv.status(name).get("servingReplicas") == 1, 120, "endpoint served by the active operator", high)
-    assert "Promoted" in high.log_tail(400)
-    assert "Promoted" not in low.log_tail(400)  # the paused replica never acted
-
-    high.kill()
-    wait_for(lambda: "Resuming operations" in low.log_tail(400), 120, "low-priority operator takes over", low)
-    kubectl(crd_installed, "scale", "-n", namespace, f"ie/{name}", "--replicas=2")
-    wait_for(lambda: cv.status(name).get("servingReplicas") == 2, 120, "the survivor scales the endpoint", low)
 
 
 def test_preview_mode_reports_but_leaves_replicas_alone(operator_factory, cluster_view, namespace, crd_installed):

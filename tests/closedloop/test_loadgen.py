@@ -314,3 +314,16 @@ def test_ready_addresses_from_service_selector_follow_pod_readiness():
     numeric = {"spec": {"selector": {"app": "m"}, "ports": [{"name": "http", "port": 80, "target_port": 9000}]}}
     assert ready_addresses_from_pods(numeric, [p("127.10.0.9", "warm", True)], "http") == ["127.10.0.9:9000"]
     assert ready_addresses_from_pods({"spec": {"selector": {}, "ports": []}}, pods) == []
+
+
+def test_benchmark_range_pod_addresses_only_when_this_host_owns_them():
+    from preheat.loadgen.endpoints import _is_local
+
+    addr = "198.18.0.7:8000"
+    if _is_local("198.18.0.7"):  # inside Preheat's network namespace (AnyIP route on lo)
+        assert check_loopback(addr) == addr
+    else:  # on the machine's own network stack the range is not local: refused
+        with pytest.raises(ValueError, match="not local"):
+            check_loopback(addr)
+    with pytest.raises(ValueError, match="not local"):
+        check_loopback("198.20.0.1:8000")  # outside the range, never

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,8 +27,25 @@ class EndpointSource(Protocol):
     def ready(self) -> list[str]: ...
 
 
+LOCAL_POD_RANGE = ipaddress.ip_network("198.18.0.0/15")
+_local_cache: dict[str, bool] = {}
+
+
+def _is_local(ip: str) -> bool:
+    """True when this host owns `ip` (it can bind a socket to it): then packets to it never leave."""
+    if ip not in _local_cache:
+        try:
+            with socket.socket() as s:
+                s.bind((ip, 0))
+            _local_cache[ip] = True
+        except OSError:
+            _local_cache[ip] = False
+    return _local_cache[ip]
+
+
 def check_loopback(address: str) -> str:
-    """Return `address` (`host:port`) if its host is a loopback IP, else raise ValueError."""
+    """Return `address` (`host:port`) if its host is local: a loopback IP, or a pod address in
+    198.18.0.0/15 that this host has made local; else raise ValueError."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"address {address!r} is not host:port")
@@ -35,9 +53,14 @@ def check_loopback(address: str) -> str:
         ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError as e:
         raise ValueError(f"address {address!r}: host must be a literal IP, got {host!r}") from e
-    if not ip.is_loopback:
-        raise ValueError(f"address {address!r} is not a loopback address; the load generator only targets 127.0.0.0/8")
-    return address
+    if ip.is_loopback:
+        return address
+    if ip.version == 4 and ip in LOCAL_POD_RANGE and _is_local(str(ip)):
+        return address
+    raise ValueError(
+        f"address {address!r} is not local: the load generator only targets 127.0.0.0/8 and pod "
+        f"addresses in {LOCAL_POD_RANGE} that this host has made local"
+    )
 
 
 class StaticEndpoints:

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
-        bench-server bench-sim bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-sim bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when pyproject.toml changes; pip's cache lives outside the repo.
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -47,8 +47,14 @@ shell:
 demo: setup binaries
 	bash scripts/netns.sh preheat-demo bash scripts/demo.sh; rc=$$?; ip netns del preheat-demo 2>/dev/null; exit $$rc
 
-bench-server: setup
-	$(PY) model-server/bench/bench_server.py --out bench-results/server.json
+# The model server's benchmark: the engine in-process (bench-engine) and the HTTP server (bench-http).
+bench-server: bench-engine bench-http
+
+bench-engine: setup
+	$(PY) model-server/bench/bench_engine.py --out bench-results/engine.json
+
+bench-http: setup
+	$(PY) model-server/bench/bench_http.py --out bench-results/http.json
 
 bench-sim: setup
 	$(PY) -m preheat.sim.bench --out bench-results/simulate.json

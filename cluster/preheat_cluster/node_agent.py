@@ -395,6 +395,14 @@ class PodWorker:
                 self._maybe_start(c)
 
     # ----- containers -----
+    def _log_tail(self, c: Container, lines: int = 80, max_bytes: int = 4096) -> str:
+        try:
+            data = (self.dir / "logs" / f"{c.name}.log").read_bytes()[-64 * 1024:]
+        except OSError:
+            return ""
+        text = "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+        return text.encode()[-max_bytes:].decode("utf-8", "ignore").strip()
+
     def _reap(self, c: Container) -> None:
         """Notice a container that exited and decide whether and when it restarts."""
         if c.proc is None or c.reaped or c.proc.poll() is None:
@@ -407,6 +415,12 @@ class PodWorker:
         ran = time.monotonic() - c.started_at
         term = {"exitCode": exit_code, "reason": reason, "startedAt": c.state.get("running", {}).get("startedAt"),
                 "finishedAt": now_iso(), "containerID": f"preheat://{c.proc.pid}"}
+        # As the kubelet does: a failed container with FallbackToLogsOnError reports its log's tail
+        # (the last 80 lines, at most 4 KiB), so controllers can say why it failed.
+        if exit_code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = self._log_tail(c)
+            if message:
+                term["message"] = message
         c.state = {"terminated": term}
         c.probes = {}
         (self.dir / "pids" / f"{c.name}.pid").unlink(missing_ok=True)

@@ -66,6 +66,7 @@ bench-forecast: setup
 crd: setup
 	$(PY) -m preheat crd > crds/inferenceendpoint.yaml
 	cp crds/inferenceendpoint.yaml manifests/chart/preheat/crds/inferenceendpoint.yaml
+	$(PY) scripts/crd_reference.py --write README.md
 
 bench-cluster: setup binaries
 	bash scripts/netns.sh preheat-bench $(PY) cluster/bench/bench_cluster.py --out bench-results/cluster.json; rc=$$?; ip netns del preheat-bench 2>/dev/null; exit $$rc

@@ -42,6 +42,8 @@ def configs(draw: st.DrawFn) -> PolicyConfig:
         scale_to_zero=draw(st.booleans()),
         scale_to_zero_grace_s=draw(st.sampled_from([0.0, 30.0, 600.0])),
         default_cold_start_s=draw(st.floats(0.0, 600.0)),
+        concurrency_per_replica=draw(st.one_of(st.none(), st.floats(0.5, 64.0))),
+        queue_cold_start_rate=draw(st.sampled_from([0.0, 0.0, 1.0, 3.0, 1e6])),
     )
 
 
@@ -58,6 +60,8 @@ def observations(draw: st.DrawFn, time_s: float, value=ANY_VALUES) -> Observatio
         current_serving=draw(st.integers(0, 80)),
         cold_start_samples_s=tuple(draw(st.lists(st.one_of(st.floats(0.0, 900.0), BAD_VALUES.filter(
             lambda v: v is not None)), max_size=6))),
+        queue=draw(st.one_of(st.none(), ANY_VALUES)),
+        running=draw(st.one_of(st.none(), ANY_VALUES)),
     )
 
 

@@ -134,3 +134,29 @@ def test_autoscaler_holds_on_missing_metrics_and_keeps_forecasting() -> None:
     assert held.lead_time_s == CONFIG.default_cold_start_s + STEP_S  # nothing measured: the default
     stale = a.step(Observation(time_s=1.2 * DAY_S + 120, value=1.0, stale=True, current_serving=last.serving))
     assert stale.serving >= last.serving
+
+
+def test_step_decides_exactly_like_the_pure_decide() -> None:
+    """The Autoscaler's shortcut (cold starts cleaned and sorted once per step) changes no decision:
+    replay a day, then decide every observation again with the pure `decide` and the same forecasts."""
+    from preheat.policy import PolicyState, decide
+
+    scaler = Autoscaler(CONFIG)
+    seen: list[tuple[Observation, Decision]] = []
+    step = scaler.step
+
+    def recording(o: Observation) -> Decision:
+        d = step(o)
+        seen.append((o, d))
+        return d
+
+    scaler.decide = recording  # type: ignore[method-assign]
+    replay(scaler, days=1.0)
+    # vary the cold-start samples too: broken ones, none (the remembered ones are used)
+    for i, samples in enumerate([(math.nan, 40.0, -1.0), (), (None, "x", 80.0, 20.0)]):
+        recording(Observation(time_s=DAY_S + i * STEP_S, value=30.0, current_serving=3,
+                              cold_start_samples_s=samples))  # type: ignore[arg-type]
+    state = PolicyState()
+    for o, d in seen:
+        again, state = decide(CONFIG, state, o, d.forecast_value, d.forecast_upper)
+        assert again == d

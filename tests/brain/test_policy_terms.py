@@ -221,6 +221,8 @@ def test_bounds_clamp_and_are_named() -> None:
         ({"panic_threshold": 1.0}, "panic_threshold must be > 1"),
         ({"max_scale_down_rate": math.nan}, "max_scale_down_rate must be a finite number"),
         ({"min_replicas": -1}, "min_replicas must be a non-negative integer"),
+        ({"concurrency_per_replica": 0.0}, "concurrency_per_replica must be None or a positive number"),
+        ({"queue_cold_start_rate": -1.0}, "queue_cold_start_rate must be >= 0"),
     ],
 )
 def test_invalid_config_is_rejected_with_the_reason(changes: dict, message: str) -> None:
@@ -234,3 +236,40 @@ def test_config_round_trip_and_unknown_fields() -> None:
     assert PolicyConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown PolicyConfig fields: bogus"):
         PolicyConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+# Concurrency counts (vllm:num_requests_running / _waiting): one replica has 4 slots.
+SLOTS = BASE.with_(concurrency_per_replica=4.0, warm_pool_max=5)
+
+
+def test_a_queue_promotes_the_warm_pool_before_any_rate_moves() -> None:
+    # 4 serving replicas, slots full (16 running) and 10 waiting; the 60 s rate still says 2 replicas.
+    d, _ = decide(SLOTS, PolicyState(), obs(0.0, 20.0, 4, running=16.0, queue=10.0, warm_ready=2))
+    assert d.panic and d.reason == Reason.PANIC
+    # 26 requests need 7 replicas of 4 slots; the queue alone may only promote the 2 warm ones
+    assert d.serving == 6 and d.promote == 2 and d.panic_need == 6
+    assert "16 running + 10 waiting" in d.detail
+
+
+def test_queue_cold_start_rate_lets_the_queue_order_cold_starts() -> None:
+    cfg = SLOTS.with_(queue_cold_start_rate=1.0)
+    d, _ = decide(cfg, PolicyState(), obs(0.0, 20.0, 4, running=16.0, queue=10.0, warm_ready=2))
+    assert d.serving == 7 and d.reason == Reason.PANIC  # 2 promoted + 1 cold start (cap 4 + 2 + 4)
+    many, _ = decide(cfg, PolicyState(), obs(0.0, 20.0, 4, running=16.0, queue=400.0, warm_ready=2))
+    assert many.serving == 4 + 2 + 4  # capped at 1 cold start per serving replica
+
+
+def test_no_queue_panic_while_slots_are_free_or_without_concurrency_config() -> None:
+    # requests running but nobody waiting: the need is what runs now, no panic
+    d, _ = decide(SLOTS, PolicyState(), obs(0.0, 20.0, 4, running=12.0, queue=0.0, warm_ready=2))
+    assert not d.panic and d.serving == 2  # the stable signal's need (20 / 10): nothing is queued
+    # the same queue without concurrency_per_replica is ignored (the signal alone decides)
+    plain, _ = decide(BASE.with_(warm_pool_max=5), PolicyState(),
+                      obs(0.0, 20.0, 4, running=16.0, queue=10.0, warm_ready=2))
+    assert not plain.panic and plain.serving == 2 and plain.panic_need == 2
+
+
+@pytest.mark.parametrize("bad", [None, math.nan, -3.0, math.inf])
+def test_broken_queue_counts_are_read_as_zero(bad) -> None:
+    d, _ = decide(SLOTS, PolicyState(), obs(0.0, 20.0, 4, running=bad, queue=bad, warm_ready=2))
+    assert not d.panic and d.serving == 2

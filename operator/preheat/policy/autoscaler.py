@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from preheat.forecast import Forecaster, forecaster_from_dict, make_forecaster
-from preheat.policy.decide import clean_cold_starts, decide, is_valid_signal, lead_time_s
+from preheat.policy.decide import (
+    clean_cold_starts,
+    decide_measured,
+    is_valid_signal,
+    lead_time_s,
+    measured_cold_starts,
+)
 from preheat.policy.types import Decision, Observation, PolicyConfig, PolicyState
 
 
@@ -69,12 +75,16 @@ class Autoscaler:
         if fresh:
             self.forecaster.update(float(obs.time_s), float(obs.value))  # type: ignore[arg-type]
         forecast_value = forecast_upper = None
+        # Cleaned and sorted once per step: both the forecast horizon and the decision need them.
+        measured, lead = measured_cold_starts(self.config, obs.cold_start_samples_s, self.state.cold_start_samples_s)
         if is_valid_signal(obs.time_s) or isinstance(obs.time_s, int | float):
             try:
-                forecast_value, forecast_upper = self.forecast_over(float(obs.time_s), self.lead_time_s(obs))
+                forecast_value, forecast_upper = self.forecast_over(float(obs.time_s), lead)
             except (TypeError, ValueError, OverflowError):
                 forecast_value = forecast_upper = None
-        decision, self.state = decide(self.config, self.state, obs, forecast_value, forecast_upper)
+        decision, self.state = decide_measured(
+            self.config, self.state, obs, forecast_value, forecast_upper, measured, lead
+        )
         self.last_decision = decision
         return decision
 

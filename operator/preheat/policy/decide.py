@@ -76,6 +76,19 @@ def lead_time_s(config: PolicyConfig, samples: Sequence[float] | None) -> float:
     return cold_start_s(config, samples) + config.decision_interval_s
 
 
+def measured_cold_starts(
+    config: PolicyConfig, samples: Sequence[float] | None, remembered: tuple[float, ...]
+) -> tuple[tuple[float, ...], float]:
+    """(cold-start samples to plan with, lead time): this observation's usable samples, else the
+    remembered ones. Validates and sorts the samples once (the hot path of every decision)."""
+    clean = clean_cold_starts(samples)
+    if not clean:
+        return remembered, lead_time_s(config, remembered)
+    if config.horizon_override_s is not None:
+        return clean, float(config.horizon_override_s)
+    return clean, quantile(clean, config.cold_start_quantile) + config.decision_interval_s
+
+
 def _push_max_queue(
     queue: tuple[tuple[float, int], ...], now: float, value: int, window_s: float
 ) -> tuple[tuple[float, int], ...]:
@@ -117,9 +130,27 @@ def decide(
     peak of the forecast between now and now + lead time) and `forecast_upper` its upper quantile.
     Never raises on bad observations: missing, stale, NaN or negative data gives a `hold` decision.
     """
+    measured, lead = measured_cold_starts(config, obs.cold_start_samples_s, state.cold_start_samples_s)
+    return decide_measured(config, state, obs, forecast_value, forecast_upper, measured, lead)
+
+
+def decide_measured(
+    config: PolicyConfig,
+    state: PolicyState,
+    obs: Observation,
+    forecast_value: float | None,
+    forecast_upper: float | None,
+    measured: tuple[float, ...],
+    lead: float,
+) -> tuple[Decision, PolicyState]:
+    """`decide` with the cleaned cold-start samples and the lead time already worked out.
+
+    The Autoscaler needs both before deciding (the lead time sets the forecast horizon), so it
+    passes them in instead of having every step validate and sort the samples twice.
+    `(measured, lead)` must be `measured_cold_starts(config, obs.cold_start_samples_s,
+    state.cold_start_samples_s)`.
+    """
     now = float(obs.time_s) if _finite(obs.time_s) else math.nan
-    measured = clean_cold_starts(obs.cold_start_samples_s) or state.cold_start_samples_s
-    lead = lead_time_s(config, measured)
     current = _sanitize_count(obs.current_serving)
     warm_ready = _sanitize_count(obs.warm_ready)
     prev_serving = state.last_serving if state.last_serving is not None else current
@@ -144,11 +175,20 @@ def decide(
     value_panic = float(obs.value_panic) if is_valid_signal(obs.value_panic) else value
     reactive_need = replicas_needed(value, config)
     panic_need = replicas_needed(value_panic, config)
+    waiting, present_need = _concurrency_need(config, obs)
+    base = max(current, 1)
+    # Requests queued now are served within seconds by promoted warm replicas; a cold start lands
+    # after the burst. So the queue promotes the warm pool, and orders cold starts only up to
+    # queue_cold_start_rate x what serves now (0: the rate signals alone order cold starts).
+    extra = config.queue_cold_start_rate * base
+    present_need = min(present_need, current + warm_ready + (math.ceil(extra) if extra < 1e12 else 10**12))
+    panic_need = max(panic_need, present_need)
 
     # Panic (Knative): the short-window need is at least panic_threshold x what serves now. Measured
-    # against current serving, with at least one, so a burst at zero replicas also panics.
-    base = max(current, 1)
-    over_threshold = panic_need / base >= config.panic_threshold
+    # against current serving, with at least one, so a burst at zero replicas also panics. With
+    # concurrency counts, requests waiting while the slots of what serves now are full also panic:
+    # the queue sees a burst within one scrape, a rate window only after it has mostly passed.
+    over_threshold = panic_need / base >= config.panic_threshold or (waiting > 0 and present_need > current)
     panic_since, panic_last_over, panic_max = state.panic_since, state.panic_last_over, state.panic_max
     if over_threshold:
         if panic_since is None:
@@ -226,6 +266,7 @@ def decide(
 
     detail = (
         f"{reason}: signal {_fmt(value)} (panic window {_fmt(value_panic)}) needs {reactive_need}; "
+        f"{_present(obs, waiting, present_need)}"
         f"forecast {_fmt(fv)} (upper {_fmt(fu)}) within {lead:.0f}s lead time needs {forecast_need} "
         f"(upper {upper_need}); serving {current} -> {serving}, warm pool {prev_warm} -> {warm}"
         + (" [panic]" if in_panic else "")
@@ -255,9 +296,33 @@ def decide(
         zero_since=zero_since,
         serving_recommendations=serving_queue,
         total_recommendations=total_queue,
-        cold_start_samples_s=tuple(measured),
+        cold_start_samples_s=measured,
     )
     return decision, new_state
+
+
+def _concurrency_need(config: PolicyConfig, obs: Observation) -> tuple[float, int]:
+    """(waiting requests, serving replicas whose slots hold every request present now).
+
+    (0, 0) unless `concurrency_per_replica` is configured and the observation has the running or
+    waiting count; a missing or invalid count is read as 0 (never an exception, never a scale-down:
+    this term only ever raises the panic need).
+    """
+    slots = config.concurrency_per_replica
+    if slots is None:
+        return 0.0, 0
+    running = float(obs.running) if is_valid_signal(obs.running) else 0.0  # type: ignore[arg-type]
+    waiting = float(obs.queue) if is_valid_signal(obs.queue) else 0.0  # type: ignore[arg-type]
+    present = running + waiting
+    if present <= 0.0:
+        return waiting, 0
+    return waiting, min(10**12, max(0, math.ceil(present / slots - _EPS)))
+
+
+def _present(obs: Observation, waiting: float, need: int) -> str:
+    if not need:
+        return ""
+    return f"{_fmt(obs.running)} running + {_fmt(waiting)} waiting need {need}; "
 
 
 def _finite(x: object) -> bool:

@@ -62,6 +62,15 @@ class PolicyConfig:
     default_cold_start_s: float = 60.0
     cold_start_quantile: float = 0.9
     promotion_s: float = 5.0
+    # Requests one serving replica runs at once (the model server's concurrency slots, e.g. vLLM's
+    # max_num_seqs). With it, and `running`/`queue` in the observation (vllm:num_requests_running and
+    # vllm:num_requests_waiting, scraped every few seconds), the panic path also sizes for the
+    # requests present now: a burst shows in the queue seconds before any 60 s rate moves.
+    concurrency_per_replica: float | None = None
+    # How many cold starts per serving replica the queue alone may order at once. 0: the queue only
+    # promotes warm replicas (seconds); cold starts come from the rate signals and the forecast.
+    # Higher values buy SLO attainment on sub-minute bursts with many more replica-seconds.
+    queue_cold_start_rate: float = 0.0
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -96,6 +105,7 @@ class PolicyConfig:
         finite("idle_forecast_fraction", 0.0)
         finite("default_cold_start_s", 0.0)
         finite("promotion_s", 0.0)
+        finite("queue_cold_start_rate", 0.0)
         if not out:
             if self.target_utilization > 1.0:
                 out.append(f"target_utilization must be <= 1, got {self.target_utilization!r}")
@@ -114,6 +124,9 @@ class PolicyConfig:
         w = self.forecast_window_s
         if w is not None and (isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0):
             out.append(f"forecast_window_s must be None or a non-negative number, got {w!r}")
+        c = self.concurrency_per_replica
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0):
+            out.append(f"concurrency_per_replica must be None or a positive number, got {c!r}")
         h = self.horizon_override_s
         if h is not None and (isinstance(h, bool) or not isinstance(h, int | float) or not math.isfinite(h) or h < 0):
             out.append(f"horizon_override_s must be None or a non-negative number, got {h!r}")
@@ -152,6 +165,8 @@ class Observation:
     panic window (e.g. 6 s). Counts are pods of this endpoint: `current_serving` is what is labelled
     serving right now (ready or not), `serving_ready`/`warm_ready` are Ready pods by role and
     `starting` are pods created but not yet Ready (they are never counted as capacity).
+    `queue` is requests waiting for a slot and `running` requests being served, summed over the
+    serving replicas (the model server's gauges, read every few seconds); None when unknown.
     """
 
     time_s: float
@@ -164,6 +179,7 @@ class Observation:
     current_serving: int = 0
     cold_start_samples_s: tuple[float, ...] = ()
     queue: float | None = None
+    running: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

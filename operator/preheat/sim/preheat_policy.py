@@ -48,6 +48,8 @@ class PreheatPolicy:
             "target_utilization": ctx.target_utilization,
             "promotion_s": self.workload.fleet.promotion_s,
             "default_cold_start_s": self.cold.quantile(0.9),
+            # per-request traces have concurrency slots and report running/waiting requests
+            "concurrency_per_replica": float(self.workload.fleet.slots) if self._per_request() else None,
             **SIM_DEFAULTS,
             **self.overrides,
         }
@@ -57,6 +59,11 @@ class PreheatPolicy:
             raise ValueError(f"--preheat: {e}") from None
         self.interval_s = self.config.decision_interval_s
         self.autoscaler = Autoscaler(self.config, make_forecaster(self.forecaster_kind, step_s=self.interval_s))
+
+    def _per_request(self) -> bool:
+        from preheat.sim.traces import RequestTrace
+
+        return isinstance(self.workload.trace, RequestTrace)
 
     def initial(self) -> tuple[int, int]:
         need = max(self.config.floor_replicas, math.ceil(self.ctx.initial_rate / self.config.capacity_per_replica - 1e-9))

@@ -292,12 +292,15 @@ class _Recorder:
         return {n: a[:, i] for i, n in enumerate(names)}
 
 
-def _observation(now: float, sig: _Signal, view: MetricView, pool: ReplicaPool, queue: float) -> Observation:
+def _observation(
+    now: float, sig: _Signal, view: MetricView, pool: ReplicaPool, queue: float, running: float | None = None
+) -> Observation:
     stable, panic = sig.observe(now, view)
     return Observation(
         time_s=now, value=stable, value_panic=panic, stale=False,
         serving_ready=pool.serving_ready, warm_ready=pool.warm_ready, starting=pool.starting,
         current_serving=pool.current_serving, cold_start_samples_s=tuple(pool.observed_cold_starts), queue=queue,
+        running=running,
     )
 
 
@@ -448,7 +451,9 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
         else:  # decide
             if i >= n and not queue:
                 continue  # trace over and everyone served: stop ticking
-            obs = _observation(now, sig, policy.metrics, pool, float(len(queue)))
+            # the model server's gauges: requests in a slot (running) and waiting for one (queue)
+            running = float(sum(r.busy for r in pool.replicas.values() if r.state == SERVING))
+            obs = _observation(now, sig, policy.metrics, pool, float(len(queue)), running)
             d = policy.decide(obs)
             pool.apply(now, d.serving, d.warm)
             rec.record(now, obs, d, pool)

@@ -1,9 +1,11 @@
 """Attention over the paged KV cache: write this step's K/V into its slots, read context through block tables.
 
 Single-token decodes are batched: their blocks are gathered into a padded [B, L] view and one masked
-SDPA call serves them all. Prefill chunks (more than one query token) attend one sequence at a time
-to their cached context plus themselves, causally. Grouped-query attention is computed without
-copying K/V per query head: the query heads of a KV group are stacked along the query axis.
+SDPA call serves them all. Prefill chunks (more than one query token) are batched the same way: their
+query rows and context slots are padded to [P, max chunk] / [P, max context] and one masked SDPA call
+serves every chunk of the step, causally. All index tensors and masks are built once per step (by the
+model runner), not once per layer. Grouped-query attention is computed without copying K/V per query
+head: the query heads of a KV group are stacked along the query axis.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ import torch.nn.functional as F
 
 
 @dataclass
-class PrefillChunk:
-    start: int  # offset of the chunk's first token in this step's flat token list
-    length: int  # query tokens
-    context_len: int  # keys it attends to (cached + this chunk)
-    block_table: torch.Tensor  # [ceil(context_len / block_size)] block ids
-    mask: torch.Tensor  # [length, context_len] bool, True = may attend
+class PrefillBatch:
+    """Every prefill chunk of a step, padded to the longest chunk and the longest context.
+
+    Padding query rows attend to key 0 only (a fully masked row would give NaN) and are dropped.
+    """
+
+    q_rows: torch.Tensor  # [P, max_len] row of each chunk token in the step's flat token list (pad: 0)
+    kv_slots: torch.Tensor  # [P, max_ctx] cache slot of each context token (pad: 0)
+    mask: torch.Tensor  # [P, 1, g * max_len, max_ctx] bool, rows ordered (group head, token)
+    valid: torch.Tensor  # indices into the flattened [P * max_len] rows that are real tokens
+    dest: torch.Tensor  # their rows in the step's flat output
 
 
 class PagedAttention:
@@ -34,37 +41,44 @@ class PagedAttention:
         num_decodes: int,
         decode_block_tables: torch.Tensor | None,
         decode_mask: torch.Tensor | None,
-        prefills: list[PrefillChunk],
+        prefill: PrefillBatch | None,
     ):
         self.k_caches, self.v_caches = k_caches, v_caches
         self.slot_mapping = slot_mapping
         self.num_decodes = num_decodes
         self.decode_block_tables = decode_block_tables  # [B, max_blocks]
         self.decode_mask = decode_mask  # [B, 1, 1, max_blocks * block_size]
-        self.prefills = prefills
+        self.prefill = prefill
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kc, vc = self.k_caches[layer_idx], self.v_caches[layer_idx]  # [num_blocks, bs, Hkv, D]
         nb, bs, hkv, d = kc.shape
         h = q.shape[1]
         g = h // hkv
-        kc.view(nb * bs, hkv, d).index_copy_(0, self.slot_mapping, k.to(kc.dtype))
-        vc.view(nb * bs, hkv, d).index_copy_(0, self.slot_mapping, v.to(vc.dtype))
-        out = torch.empty_like(q)
+        k_flat, v_flat = kc.view(nb * bs, hkv, d), vc.view(nb * bs, hkv, d)
+        k_flat.index_copy_(0, self.slot_mapping, k.to(kc.dtype))
+        v_flat.index_copy_(0, self.slot_mapping, v.to(vc.dtype))
         b = self.num_decodes
+        p = self.prefill
+        if b and p is None and b == q.shape[0]:
+            out = None  # decode-only step: SDPA's output is the whole result
+        else:
+            out = torch.empty_like(q)
         if b:
             bt = self.decode_block_tables
             kg = kc[bt].view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
             vg = vc[bt].view(b, -1, hkv, d).transpose(1, 2)
             qd = q[:b].view(b, hkv, g, d)  # query heads of one KV group side by side
-            o = F.scaled_dot_product_attention(qd, kg, vg, attn_mask=self.decode_mask)
-            out[:b] = o.reshape(b, h, d)
-        for p in self.prefills:
-            n, ctx = p.length, p.context_len
-            kg = kc[p.block_table].view(-1, hkv, d)[:ctx].transpose(0, 1)  # [Hkv, ctx, D]
-            vg = vc[p.block_table].view(-1, hkv, d)[:ctx].transpose(0, 1)
-            qp = q[p.start : p.start + n].view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
-            mask = p.mask.repeat(g, 1)  # rows ordered (group head, token) like qp
-            o = F.scaled_dot_product_attention(qp, kg, vg, attn_mask=mask)
-            out[p.start : p.start + n] = o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, h, d)
+            o = F.scaled_dot_product_attention(qd, kg, vg, attn_mask=self.decode_mask).reshape(b, h, d)
+            if out is None:
+                return o
+            out[:b] = o
+        if p is not None:
+            n_p, max_len = p.q_rows.shape
+            kg = k_flat[p.kv_slots].transpose(1, 2)  # [P, Hkv, ctx, D]
+            vg = v_flat[p.kv_slots].transpose(1, 2)
+            qp = q[p.q_rows].view(n_p, max_len, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(n_p, hkv, g * max_len, d)
+            o = F.scaled_dot_product_attention(qp, kg, vg, attn_mask=p.mask)
+            o = o.view(n_p, hkv, g, max_len, d).permute(0, 3, 1, 2, 4).reshape(n_p * max_len, h, d)
+            out[p.dest] = o[p.valid]
         return out

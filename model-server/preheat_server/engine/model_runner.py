@@ -7,7 +7,7 @@ import os
 import torch
 
 from ..models.loader import LoadedModel
-from .attention import PagedAttention, PrefillChunk
+from .attention import PagedAttention, PrefillBatch
 from .sampler import sample
 from .sequence import Sequence
 
@@ -58,26 +58,23 @@ class ModelRunner:
         samplers: list[Sequence] = []
         decode_tables: list[list[int]] = []
         decode_ctx: list[int] = []
-        prefills: list[PrefillChunk] = []
+        # Prefill chunks as (first flat row, chunk length, context length, context slots).
+        prefills: list[tuple[int, int, int, list[int]]] = []
         for seq, n in batch:
             c = seq.num_computed_tokens
             start = len(ids)
-            ids.extend(seq.token_ids[c : c + n])
-            positions = range(c, c + n)
-            pos.extend(positions)
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in positions)
             ctx = c + n
-            nblk = -(-ctx // bs)
+            ids.extend(seq.token_ids[c:ctx])
+            pos.extend(range(c, ctx))
+            table = seq.block_table
             if n == 1:
-                decode_tables.append(table[:nblk])
+                slots.append(table[c // bs] * bs + c % bs)
+                decode_tables.append(table[: -(-ctx // bs)])
                 decode_ctx.append(ctx)
             else:
-                q_pos = torch.arange(c, ctx, device=self.device)
-                k_pos = torch.arange(ctx, device=self.device)
-                prefills.append(
-                    PrefillChunk(start, n, ctx, self._tensor(table[:nblk]), k_pos[None, :] <= q_pos[:, None])
-                )
+                ctx_slots = [table[i // bs] * bs + i % bs for i in range(ctx)]
+                slots.extend(ctx_slots[c:])
+                prefills.append((start, n, ctx, ctx_slots))
             if ctx == seq.num_tokens:
                 logit_rows.append(start + n - 1)
                 samplers.append(seq)
@@ -88,10 +85,32 @@ class ModelRunner:
             dec_bt = self._tensor([t + [0] * (maxb - len(t)) for t in decode_tables]).view(b, maxb)
             k_idx = torch.arange(maxb * bs, device=self.device)
             dec_mask = (k_idx[None, :] < self._tensor(decode_ctx)[:, None]).view(b, 1, 1, maxb * bs)
-        backend = PagedAttention(self.k_caches, self.v_caches, self._tensor(slots), b, dec_bt, dec_mask, prefills)
+        prefill = self._prefill_batch(prefills) if prefills else None
+        backend = PagedAttention(self.k_caches, self.v_caches, self._tensor(slots), b, dec_bt, dec_mask, prefill)
         hidden = self.model.hidden_states(self._tensor(ids), self._tensor(pos), backend)
         if not samplers:
             return {}
         logits = self.model.compute_logits(hidden[self._tensor(logit_rows)])
         tokens = sample(logits, samplers)
         return {s.request_id: t for s, t in zip(samplers, tokens, strict=True)}
+
+    def _prefill_batch(self, prefills: list[tuple[int, int, int, list[int]]]) -> PrefillBatch:
+        """Pads every prefill chunk of the step to one [P, max_len] x [P, max_ctx] attention problem."""
+        max_len = max(n for _, n, _, _ in prefills)
+        max_ctx = max(ctx for _, _, ctx, _ in prefills)
+        q_rows = [[start + i for i in range(n)] + [0] * (max_len - n) for start, n, _, _ in prefills]
+        kv_slots = [s + [0] * (max_ctx - len(s)) for _, _, _, s in prefills]
+        lens = self._tensor([n for _, n, _, _ in prefills])
+        ctxs = self._tensor([ctx for _, _, ctx, _ in prefills])
+        i = torch.arange(max_len, device=self.device)
+        j = torch.arange(max_ctx, device=self.device)
+        # Token i of a chunk sits at position ctx - n + i and sees keys j <= that position.
+        q_pos = (ctxs - lens)[:, None] + i[None, :]  # [P, max_len]
+        real = i[None, :] < lens[:, None]
+        mask = (j[None, None, :] <= q_pos[:, :, None]) & real[:, :, None]
+        mask[:, :, 0] |= ~real  # padding rows see key 0 so no row is fully masked
+        g = self.loaded.config.num_attention_heads // self.loaded.config.num_key_value_heads
+        mask = mask.repeat(1, g, 1).unsqueeze(1)  # rows ordered (group head, token) like the queries
+        valid = real.reshape(-1).nonzero().squeeze(1)
+        dest = self._tensor([start + k for start, n, _, _ in prefills for k in range(n)])
+        return PrefillBatch(self._tensor(q_rows), self._tensor(kv_slots), mask, valid, dest)

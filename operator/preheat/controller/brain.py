@@ -38,6 +38,9 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
         warm_pool_min=0 if reactive_only else s.warm_pool.min,
         warm_pool_max=0 if reactive_only else s.warm_pool.max,
         scale_to_zero=s.scale_to_zero,
+        # A replica's slots: lets the policy see a burst in the queue before the rate window does
+        # (it promotes warm replicas at once; cold starts still follow the rate and the forecast).
+        concurrency_per_replica=float(spec.server.max_num_seqs) if spec.server.max_num_seqs else None,
     )
 
 

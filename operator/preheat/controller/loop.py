@@ -235,6 +235,7 @@ class Autoscaling:
             current_serving=counts.serving_ready,
             cold_start_samples_s=samples,
             queue=observed.queue,
+            running=observed.running,
         )
         decision = brain.step(obs)
         preview = spec.scaling.mode is Mode.preview

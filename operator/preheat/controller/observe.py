@@ -38,6 +38,8 @@ def default_queries(namespace: str, endpoint: str, window: str, panic_window: st
         f" + sum(avg_over_time(vllm:num_requests_waiting{{{s}}}[{window}]))",
         "concurrency_panic": f"sum(vllm:num_requests_running{{{s}}}) + sum(vllm:num_requests_waiting{{{s}}})",
         "queue": f"sum(vllm:num_requests_waiting{{{s}}})",
+        # Sequences in the running batches: with the queue, the policy's instant burst signal.
+        "running": f"sum(vllm:num_requests_running{{{s}}})",
         "latency": "histogram_quantile(0.9, sum by (le) "
         f"(rate(vllm:e2e_request_latency_seconds_bucket{{{s}}}[{window}])))",
         # Targets scraped for this endpoint: tells "no traffic" (targets up, rate 0) from "no data".
@@ -66,7 +68,8 @@ def signal_queries(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -
         signal = panic = substitute(override, namespace, endpoint)
     queue = substitute(p.queries.queue, namespace, endpoint) if p.queries.queue else q["queue"]
     latency = substitute(p.queries.latency, namespace, endpoint) if p.queries.latency else q["latency"]
-    return {"signal": signal, "signal_panic": panic, "queue": queue, "latency": latency, "targets": q["targets"]}
+    return {"signal": signal, "signal_panic": panic, "queue": queue, "running": q["running"], "latency": latency,
+            "targets": q["targets"]}
 
 
 def history_query(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -> str:
@@ -81,6 +84,7 @@ class MetricsResult:
     value: float | None = None
     value_panic: float | None = None
     queue: float | None = None
+    running: float | None = None
     latency_p90_s: float | None = None
     targets: int = 0
 
@@ -130,6 +134,7 @@ class PrometheusSource:
             value = _scalar(self._query(queries["signal"]))
             panic = _scalar(self._query(queries["signal_panic"]))
             queue = _scalar(self._query(queries["queue"]))
+            running = _scalar(self._query(queries["running"])) if "running" in queries else None
             latency = _scalar(self._query(queries["latency"]))
         except Exception as exc:  # connection refused, timeout, bad PromQL: all mean "no data"
             return MetricsResult(False, "PrometheusUnreachable", f"{self.url}: {type(exc).__name__}: {exc}"[:500])
@@ -147,6 +152,7 @@ class PrometheusSource:
             value=value if value is not None else 0.0,
             value_panic=panic if panic is not None else (value if value is not None else 0.0),
             queue=queue,
+            running=running,
             latency_p90_s=latency,
             targets=int(targets),
         )

@@ -564,7 +564,10 @@ class PodWorker:
             env[env_key(mp)] = local
         if SERVICEACCOUNT_MOUNT in mounts:
             env["PREHEAT_SERVICEACCOUNT_DIR"] = mounts[SERVICEACCOUNT_MOUNT]
-        # envFrom first, then env: later definitions win, as in the kubelet.
+        # envFrom first, then env: later definitions win, as in the kubelet. Only these, the
+        # container's own values, name container paths; the agent's values above are host paths
+        # already (and may lie under a mount point such as /tmp), so they are not rewritten.
+        own: dict[str, str] = {}
         for src in c.spec.get("envFrom") or []:
             prefix = src.get("prefix", "")
             if "configMapRef" in src:
@@ -573,11 +576,10 @@ class PodWorker:
                 data = self._secret(src["secretRef"]["name"], src["secretRef"].get("optional"))
             else:
                 continue
-            env.update({prefix + k: v for k, v in (data or {}).items()})
+            own.update({prefix + k: v for k, v in (data or {}).items()})
         for e in c.spec.get("env") or []:
-            env[e["name"]] = self._env_value(c, e, env)
-        for k, v in list(env.items()):
-            env[k] = rewrite_paths(v, mounts)
+            own[e["name"]] = self._env_value(c, e, {**env, **own})
+        env.update({k: rewrite_paths(v, mounts) for k, v in own.items()})
         env[procs.MARKER] = a.cluster_id
         return env
 

@@ -2,7 +2,7 @@
 # `make demo`: the local cluster + Prometheus + the Preheat operator, a tiny-model endpoint, and a
 # real trace (ServeGen m-small's morning ramp, compressed 240x) replayed against it twice — preheat
 # mode, then reactive-only — with live progress, a PNG plot and a one-line summary. Takes the
-# cluster down at the end, also on failure or Ctrl-C. `make setup binaries prometheus` ran before.
+# cluster down at the end, also on failure or Ctrl-C. `make setup binaries` ran before.
 #
 # Environment knobs: DEMO_MODES (default "preheat,reactive"), DEMO_TRACE, DEMO_OUT (default out/demo, git-ignored),
 # DEMO_STATE_DIR (the cluster's state dir, default .cluster), DEMO_KEEP_CLUSTER=1 to leave the cluster

@@ -203,6 +203,17 @@ def initial_replicas(spec: InferenceEndpointSpec) -> int:
     return max(s.min_replicas, min(s.max_replicas, s.min_replicas + s.warm_pool.min))
 
 
+def owned_metadata(endpoint: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """Metadata shared by every object the operator creates for an endpoint: one name, the common
+    labels, and the owner reference that lets the garbage collector delete it with the endpoint."""
+    return {
+        "name": workload_name(endpoint),
+        "namespace": namespace,
+        "labels": common_labels(endpoint),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
 def deployment(
     endpoint: str,
     namespace: str,
@@ -215,12 +226,7 @@ def deployment(
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": workload_name(endpoint),
-            "namespace": namespace,
-            "labels": common_labels(endpoint),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": owned_metadata(endpoint, namespace, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(endpoint)},
             # A rollout never takes serving capacity away before the new pod is Ready.
@@ -239,12 +245,7 @@ def service(endpoint: str, namespace: str, spec: InferenceEndpointSpec, owner: d
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": workload_name(endpoint),
-            "namespace": namespace,
-            "labels": common_labels(endpoint),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": owned_metadata(endpoint, namespace, owner),
         "spec": {
             "type": "ClusterIP",
             "selector": serving_selector(endpoint),
@@ -260,11 +261,6 @@ def pod_disruption_budget(
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": workload_name(endpoint),
-            "namespace": namespace,
-            "labels": common_labels(endpoint),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": owned_metadata(endpoint, namespace, owner),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": serving_selector(endpoint)}},
     }

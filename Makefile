@@ -30,7 +30,7 @@ test-unit: setup
 	$(PY) -m pytest -m "not cluster" tests
 
 test-cluster: setup binaries
-	bash scripts/netns.sh preheat-test-cluster $(PY) -m pytest -m cluster tests; rc=$$?; ip netns del preheat-test-cluster 2>/dev/null; exit $$rc
+	bash scripts/netns.sh --rm preheat-test-cluster $(PY) -m pytest -m cluster tests
 
 # The local cluster lives in the network namespace `preheat-dev` (scripts/netns.sh says why);
 # `make shell` opens a shell there with KUBECONFIG set, for kubectl and friends.
@@ -45,7 +45,7 @@ shell:
 	KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$(PREHEAT_CACHE)/bin:$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/netns.sh preheat-dev bash
 
 demo: setup binaries
-	bash scripts/netns.sh preheat-demo bash scripts/demo.sh; rc=$$?; ip netns del preheat-demo 2>/dev/null; exit $$rc
+	bash scripts/netns.sh --rm preheat-demo bash scripts/demo.sh
 
 # The model server's benchmark: the engine in-process (bench-engine) and the HTTP server (bench-http).
 bench-server: bench-engine bench-http
@@ -69,7 +69,7 @@ crd: setup
 	$(PY) scripts/crd_reference.py --write README.md
 
 bench-cluster: setup binaries
-	bash scripts/netns.sh preheat-bench $(PY) cluster/bench/bench_cluster.py --out bench-results/cluster.json; rc=$$?; ip netns del preheat-bench 2>/dev/null; exit $$rc
+	bash scripts/netns.sh --rm preheat-bench $(PY) cluster/bench/bench_cluster.py --out bench-results/cluster.json
 
 clean: cluster-down
 	rm -rf $(VENV) .cluster

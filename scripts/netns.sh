@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Runs a command inside a network namespace of Preheat's own: usage `scripts/netns.sh NAME CMD...`.
+# Runs a command inside a network namespace of Preheat's own: usage `scripts/netns.sh [--rm] NAME CMD...`.
+# With --rm the namespace is one-shot: when the command ends, whatever it left running in there is
+# killed and the namespace deleted (tests, the demo, benchmarks); without it, it outlives the command
+# (`make cluster-up`).
 #
 # Why: the API server refuses loopback addresses (127/8) in EndpointSlices, so local pods get
 # addresses from 198.18.0.0/15 (RFC 2544's benchmarking range) made local by an AnyIP route on `lo`.
@@ -7,6 +10,8 @@
 # machine's own network stack: so the whole local cluster, its pods, the tests and the demo run in
 # this namespace, which has nothing but its own loopback device (no way out, by construction).
 set -euo pipefail
+rm=0
+if [ "${1:-}" = "--rm" ]; then rm=1; shift; fi
 name="$1"; shift
 if [ -n "${PREHEAT_NETNS:-}" ]; then exec "$@"; fi   # already inside one
 if ! ip netns list 2>/dev/null | grep -qE "^$name( |$)"; then
@@ -19,4 +24,10 @@ fi
 ip -n "$name" link set lo up
 ip -n "$name" route replace local 198.18.0.0/15 dev lo
 export PREHEAT_NETNS="$name"
-exec ip netns exec "$name" "$@"
+if [ "$rm" = 0 ]; then exec ip netns exec "$name" "$@"; fi
+set +e
+ip netns exec "$name" "$@"
+rc=$?
+ip netns pids "$name" 2>/dev/null | xargs -r kill -9 2>/dev/null
+ip netns del "$name" 2>/dev/null
+exit $rc

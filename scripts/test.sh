@@ -22,10 +22,5 @@ echo "== pytest"
 # Everything from here runs in a network namespace of our own (scripts/netns.sh says why), deleted
 # at the end with whatever was left in it.
 ns="preheat-test-$$"
-set +e
-bash scripts/netns.sh "$ns" bash -c '"$0" -m pytest tests "$@"; rc=$?; "$0" -m preheat_cluster down >/dev/null 2>&1; exit $rc' "$PY" "$@"
-rc=$?
-set -e
-ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-ip netns del "$ns" 2>/dev/null || true
-exit $rc
+exec bash scripts/netns.sh --rm "$ns" bash -c \
+  '"$0" -m pytest tests "$@"; rc=$?; "$0" -m preheat_cluster down >/dev/null 2>&1; exit $rc' "$PY" "$@"

@@ -133,6 +133,31 @@ def test_missing_or_stale_data_holds_and_never_scales_down() -> None:
     assert d.serving == 15 and d.reason == Reason.FORECAST
 
 
+
+def test_a_data_gap_does_not_age_the_stabilisation_window() -> None:
+    """After a metrics outage the fleet keeps its size for a full window of fresh, lower data."""
+    cfg = BASE.with_(scale_down_stabilization_s=300.0, max_scale_down_rate=2.0)
+    _, state = steps(cfg, [200.0] * 4, current=20)  # t = 0..45: 20 replicas
+    # an hour without data: holds, and the windows do not advance
+    for t in range(60, 3660, 15):
+        d, state = decide(cfg, state, obs(t, None, 20))
+        assert d.serving == 20 and d.reason == Reason.HOLD
+    # data returns, much lower (a partial window after the outage): still 20 for 300 s of fresh data
+    resumed = 3660.0
+    fresh = []
+    for k in range(30):
+        d, state = decide(cfg, state, obs(resumed + 15 * k, 10.0, d.serving))
+        fresh.append(d)
+    held = [d for d in fresh if d.time_s - resumed < 300.0 - 15.0]
+    assert held and all(d.serving == 20 and d.reason == Reason.STABILISATION for d in held), [
+        (d.time_s, d.serving, d.detail) for d in held]
+    # then the normal scale-down: halving per decision, down to what the signal needs
+    assert [d.serving for d in fresh[len(held):]][:5] == [10, 5, 2, 1, 1]
+    # without the gap the same recommendations would have expired long ago
+    no_gap = PolicyState(last_serving=20, serving_recommendations=((45.0, 20),), last_data_s=3645.0)
+    d, _ = decide(cfg, no_gap, obs(resumed, 10.0, 20))
+    assert d.serving == 10
+
 def test_starting_pods_are_not_counted_twice() -> None:
     """4 labelled serving (2 Ready, 2 starting) and a signal needing 4: desired stays 4 (no 2->4->8)."""
     cfg = BASE.with_(panic_threshold=2.0)

@@ -172,6 +172,7 @@ def decide_measured(
                      fv, fu, forecast_term, upper_need)
 
     value = float(obs.value)  # type: ignore[arg-type]
+    serving_recs, total_recs = _resume_after_gap(config, state, now)
     value_panic = float(obs.value_panic) if is_valid_signal(obs.value_panic) else value
     reactive_need = replicas_needed(value, config)
     panic_need = replicas_needed(value_panic, config)
@@ -216,7 +217,7 @@ def decide_measured(
 
     # Scale-down stabilisation (HPA): the highest recommendation within the window wins.
     window = config.scale_down_stabilization_s
-    serving_queue = _push_max_queue(state.serving_recommendations, now, recommendation, window)
+    serving_queue = _push_max_queue(serving_recs, now, recommendation, window)
     serving = recommendation
     stabilised = _window_max(serving_queue, now, window) or 0
     if stabilised > serving:
@@ -259,7 +260,7 @@ def decide_measured(
             notes.append(f"clamped to [{lo}, {config.max_replicas}]")
             serving, reason = clamped, Reason.BOUNDS
 
-    warm, total_queue = _warm_pool(config, state, now, serving, upper_need, window)
+    warm, total_queue = _warm_pool(config, total_recs, now, serving, upper_need, window)
     steady = reason in (Reason.REACTIVE, Reason.FORECAST, Reason.STABILISATION) and serving == prev_serving
     if steady and warm != prev_warm:
         reason = Reason.WARM_POOL
@@ -297,8 +298,33 @@ def decide_measured(
         serving_recommendations=serving_queue,
         total_recommendations=total_queue,
         cold_start_samples_s=measured,
+        last_data_s=now,
     )
     return decision, new_state
+
+
+def _resume_after_gap(
+    config: PolicyConfig, state: PolicyState, now: float
+) -> tuple[tuple[tuple[float, int], ...], tuple[tuple[float, int], ...]]:
+    """The stabilisation queues, with a data gap taken out of their age.
+
+    Missing data holds the fleet, and the first windows after a metrics outage are partial (a
+    rate() over a window that is mostly gap, a logging pipeline catching up). If the gap aged the
+    recommendations made before it, the first fresh sample would let the fleet drop at once to
+    whatever that partial window shows, just before traffic that never went away is seen again.
+    So the windows count observed time: entries made before the gap are shifted forward by the gap
+    (beyond one decision interval), and a recovered pipeline has to show a full stabilisation
+    window of lower demand before the fleet shrinks.
+    """
+    last = state.last_data_s
+    gap = now - last - config.decision_interval_s if last is not None and math.isfinite(last) else 0.0
+    if not gap > 0.0:
+        return state.serving_recommendations, state.total_recommendations
+
+    def shift(q: tuple[tuple[float, int], ...]) -> tuple[tuple[float, int], ...]:
+        return tuple((min(t + gap, now), v) for t, v in q)
+
+    return shift(state.serving_recommendations), shift(state.total_recommendations)
 
 
 def _concurrency_need(config: PolicyConfig, obs: Observation) -> tuple[float, int]:
@@ -330,7 +356,12 @@ def _finite(x: object) -> bool:
 
 
 def _warm_pool(
-    config: PolicyConfig, state: PolicyState, now: float, serving: int, upper_need: int, window: float
+    config: PolicyConfig,
+    total_recs: tuple[tuple[float, int], ...],
+    now: float,
+    serving: int,
+    upper_need: int,
+    window: float,
 ) -> tuple[int, tuple[tuple[float, int], ...]]:
     """Warm pool = configured minimum + the forecast's burst margin (upper need beyond serving).
 
@@ -339,11 +370,11 @@ def _warm_pool(
     warm_pool_max and by max_replicas - serving (max_replicas bounds the Deployment).
     """
     if serving == 0:
-        return 0, _push_max_queue(state.total_recommendations, now, 0, window)
+        return 0, _push_max_queue(total_recs, now, 0, window)
     extra = 0 if config.margin_in_serving else max(0, upper_need - serving)
     warm_rec = min(config.warm_pool_min + extra, config.warm_pool_max)
     total_rec = serving + warm_rec
-    total_queue = _push_max_queue(state.total_recommendations, now, total_rec, window)
+    total_queue = _push_max_queue(total_recs, now, total_rec, window)
     stabilised_total = _window_max(total_queue, now, window) or total_rec
     warm = max(warm_rec, min(stabilised_total - serving, config.warm_pool_max))
     warm = max(0, min(warm, config.max_replicas - serving))
@@ -417,5 +448,6 @@ def _hold(
         serving_recommendations=state.serving_recommendations,
         total_recommendations=state.total_recommendations,
         cold_start_samples_s=tuple(measured),
+        last_data_s=state.last_data_s,
     )
     return decision, new_state

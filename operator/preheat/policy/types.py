@@ -237,6 +237,7 @@ class PolicyState:
     `serving_recommendations` and `total_recommendations` hold (time, replicas) of recent
     unstabilised recommendations for the scale-down stabilisation window, kept as a monotone queue
     (only entries that can still be the window's maximum), so their length stays small.
+    `last_data_s` is when the last decision on fresh data was made (None before the first).
     """
 
     last_serving: int | None = None
@@ -248,6 +249,9 @@ class PolicyState:
     serving_recommendations: tuple[tuple[float, int], ...] = ()
     total_recommendations: tuple[tuple[float, int], ...] = ()
     cold_start_samples_s: tuple[float, ...] = field(default=())
+    # Time of the last decision made on fresh data. A gap (holds in between) does not age the
+    # stabilisation windows: the window measures observed time (see decide._resume_after_gap).
+    last_data_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

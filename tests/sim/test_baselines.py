@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from preheat.policy import Observation, Reason
-from preheat.sim.baselines import HPA, KEDA, KPA, AIBrix, SimContext
+from preheat.sim.baselines import HPA, KEDA, KPA, AIBrix, Fixed, SimContext
 from preheat.sim.traces import load_cold_start
 
 
@@ -105,3 +105,25 @@ def test_keda_polls_every_30s_and_scales_to_zero_after_cooldown():
     assert d.serving >= 1  # cooldown not over
     assert keda.decide(obs(300, 0.0)).serving == 0
     assert keda.decide(obs(330, 5.0)).serving == 1  # activation from zero
+
+
+def test_fixed_fleet_sizes_for_the_peak_or_holds_the_size_it_is_given():
+    peak_sized = ready(Fixed())
+    assert peak_sized.size == 10  # peak 100 req/s at 10 per replica
+    assert peak_sized.decide(obs(3600, 500.0)).serving == 10  # never scales
+    given = Fixed(3)
+    given.prepare(ctx())
+    assert given.initial() == (3, 0)
+    assert given.decide(obs(3600, 500.0)).serving == 3
+
+
+def test_always_on_frontier_attainment_rises_with_the_fleet(data_dir):
+    from preheat.sim.bench import fixed_frontier
+
+    rows = fixed_frontier(data_dir / "azure_llm_2023_code_excerpt.csv", range(1, 6, 2))
+    assert [r["replicas"] for r in rows] == [1, 3, 5]
+    attain = [r["slo_attainment"] for r in rows]
+    cost = [r["replica_seconds"] for r in rows]
+    assert attain == sorted(attain) and attain[0] < attain[-1]
+    assert cost[0] < cost[1] < cost[2]
+    assert fixed_frontier(data_dir / "servegen_m-mid_2days.csv", range(1, 3)) == []  # series: no frontier

@@ -283,8 +283,15 @@ class Fixed(Baseline):
     name = "fixed"
     interval_s = 3600.0
 
+    def __init__(self, size: int | None = None) -> None:
+        # An explicit size: the benchmark's always-on frontier (what a fleet of n replicas attains).
+        self.requested_size = size
+
     def initial(self) -> tuple[int, int]:
-        self.size = max(1, self.ctx.need(self.ctx.peak_rate))
+        if self.requested_size is not None:
+            self.size = max(1, int(self.requested_size))
+        else:
+            self.size = max(1, self.ctx.need(self.ctx.peak_rate))
         return self.size, 0
 
     def decide(self, obs: Observation) -> Decision:

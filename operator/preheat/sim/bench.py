@@ -30,6 +30,9 @@ TRACES = {
     "deepseek-r1": "servegen_deepseek-r1_10min.csv",
 }
 COLD_FILE = "alibaba_cold_starts_ms.csv"
+# Bursty per-request traces get the always-on frontier: fixed fleets of these sizes.
+FRONTIER_TRACES = ("azure-code",)
+FRONTIER_SIZES = range(6, 25, 2)
 
 
 def checks(policies: dict[str, dict[str, Any]], cold_s: float) -> dict[str, Any]:
@@ -53,6 +56,29 @@ def checks(policies: dict[str, dict[str, Any]], cold_s: float) -> dict[str, Any]
         out["ramp_days_capacity_first_by_cold_start"] = f"{sum(x >= cold_s for x in leads)}/{len(leads)}"
     if "fixed" in policies:
         out["replica_seconds_lt_fixed"] = bool(p["replica_seconds"] < policies["fixed"]["replica_seconds"])
+    return out
+
+
+def fixed_frontier(path: Path, sizes: range) -> list[dict[str, Any]]:
+    """SLO attainment and replica-hours of always-on fleets of n replicas on a per-request trace.
+
+    An autoscaler without foresight cannot beat the cheapest always-on fleet that meets the SLO on
+    traffic whose bursts come without warning; this frontier says what that fleet costs.
+    """
+    from preheat.sim.baselines import Fixed
+    from preheat.sim.run import SimSettings, prepare_workload, simulate
+    from preheat.sim.traces import RequestTrace, load_cold_start, load_trace
+
+    trace = load_trace(str(path))
+    if not isinstance(trace, RequestTrace):
+        return []
+    settings = SimSettings()
+    workload = prepare_workload(trace, settings)
+    cold = load_cold_start("30")
+    out = []
+    for n in sizes:
+        r = simulate(workload, Fixed(n), cold, settings)
+        out.append({"replicas": n, "slo_attainment": r.slo_attainment, "replica_seconds": float(r.replica_seconds)})
     return out
 
 
@@ -88,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = args.only.split(",") if args.only else list(TRACES)
     colds = {"30 s": "30", "measured": str(tdir / COLD_FILE)}
     runs: list[dict[str, Any]] = []
+    frontier: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
     for key in keys:
         path = tdir / TRACES[key]
@@ -106,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                           wall_s_all_policies=time.perf_counter() - t0, checks=checks(result["policies"], load_cold_start(cold).quantile(0.95)))
             print(json.dumps(result["checks"]))
             runs.append(result)
+        if key in FRONTIER_TRACES:
+            frontier[key] = fixed_frontier(path, FRONTIER_SIZES)
+            print(f"always-on fleets on {key}: " + ", ".join(
+                f"{f['replicas']}: {100 * f['slo_attainment']:.2f} % / {f['replica_seconds'] / 3600:.1f} h" for f in frontier[key]))
     timing = {
         f"{r['trace_key']} ({r['cold_key']})": {name: {"wall_s": p["wall_s"], "cpu_s": p["cpu_s"]} for name, p in r["policies"].items()}
         for r in runs
@@ -117,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_wall_s": time.perf_counter() - started,
         "timing_s": timing,
         "runs": runs,
+        "always_on_frontier": frontier,
     }
     out.write_text(json.dumps(doc, indent=2))
     table = markdown(runs)

@@ -12,8 +12,8 @@ from typing import Any
 
 from preheat.controller.observe import duration_s
 from preheat.controller.spec import InferenceEndpointSpec
-from preheat.forecast import Forecaster, make_forecaster
-from preheat.policy import Autoscaler, Decision, Observation, PolicyConfig
+from preheat.forecast import DAY_S, Forecaster, forecaster_from_dict, make_forecaster
+from preheat.policy import Autoscaler, Decision, Observation, PolicyConfig, PolicyState
 
 log = logging.getLogger("preheat.brain")
 
@@ -32,6 +32,7 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
         decision_interval_s=interval_s or s.interval_seconds,
         forecasting=s.forecasting.enabled and not reactive_only,
         horizon_override_s=s.forecasting.horizon_seconds,
+        forecast_window_s=s.forecasting.window_seconds,
         stable_window_s=stable,
         panic_window_s=panic,
         scale_down_stabilization_s=float(s.scale_down_stabilization_seconds),
@@ -44,12 +45,68 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
     )
 
 
-def make_brain_forecaster(spec: InferenceEndpointSpec, step_s: float) -> Forecaster:
+class TimeScaledForecaster:
+    """A forecaster on the load's clock: times and horizons are multiplied by `scale` on the way in.
+
+    A replay compressed 240x plays a day in 6 minutes. The forecasters' time constants (a 5-minute
+    level, 30-minute season buckets, an hour of trend) are tuned for real time, so on the wall clock
+    they would be 240x too slow and the daily season would fit in one bucket. Scaling the clock keeps
+    every constant consistent with the load instead of re-tuning each one: the wrapped forecaster
+    sees exactly the series it would see in real time (`spec.scaling.forecasting.timeCompression`).
+    """
+
+    kind = "time-scaled"
+
+    def __init__(self, inner: Forecaster, scale: float) -> None:
+        if not scale > 0:
+            raise ValueError(f"time scale must be > 0, got {scale!r}")
+        self.inner, self.scale = inner, float(scale)
+
+    @property
+    def ready(self) -> bool:
+        return bool(getattr(self.inner, "ready", False))
+
+    def update(self, t_s: float, value: float | None) -> None:
+        self.inner.update(t_s * self.scale, value)
+
+    def forecast(self, t_s: float, horizon_s: float) -> float | None:
+        return self.inner.forecast(t_s * self.scale, horizon_s * self.scale)
+
+    def forecast_upper(self, t_s: float, horizon_s: float, quantile: float = 0.9) -> float | None:
+        return self.inner.forecast_upper(t_s * self.scale, horizon_s * self.scale, quantile)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "scale": self.scale, "inner": self.inner.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimeScaledForecaster:
+        return cls(forecaster_from_dict(d["inner"]), float(d["scale"]))
+
+
+def restore_forecaster(d: dict[str, Any]) -> Forecaster:
+    if isinstance(d, dict) and d.get("kind") == TimeScaledForecaster.kind:
+        return TimeScaledForecaster.from_dict(d)
+    return forecaster_from_dict(d)
+
+
+def forecasting_key(spec: InferenceEndpointSpec, step_s: float) -> dict[str, Any]:
+    """What the forecaster is built from: when any of it changes, a kept forecaster is wrong (its season,
+    clock or model differ) and the operator rebuilds it from Prometheus history instead."""
     f = spec.scaling.forecasting
-    kwargs: dict[str, Any] = {"step_s": step_s}
+    return {"forecaster": f.forecaster or "auto", "season_s": float(f.seasonality_seconds or DAY_S),
+            "time_compression": float(f.time_compression), "step_s": float(step_s),
+            "signal": str(spec.scaling.signal)}
+
+
+def make_brain_forecaster(spec: InferenceEndpointSpec, step_s: float) -> Forecaster:
+    """The endpoint's forecaster, fed once per decision interval (`step_s`, wall seconds)."""
+    f = spec.scaling.forecasting
+    scale = float(f.time_compression)
+    kwargs: dict[str, Any] = {"step_s": step_s * scale}
     if f.seasonality_seconds:
         kwargs["season_s"] = float(f.seasonality_seconds)
-    return make_forecaster(f.forecaster or "auto", **kwargs)
+    inner = make_forecaster(f.forecaster or "auto", **kwargs)
+    return inner if scale == 1.0 else TimeScaledForecaster(inner, scale)
 
 
 class Brain:
@@ -58,6 +115,7 @@ class Brain:
     def __init__(self, config: PolicyConfig, spec: InferenceEndpointSpec, forecaster: Forecaster | None = None,
                  autoscaler: Autoscaler | None = None) -> None:
         self.config = config
+        self.key = forecasting_key(spec, config.decision_interval_s)
         if autoscaler is None:
             forecaster = forecaster or make_brain_forecaster(spec, config.decision_interval_s)
             autoscaler = Autoscaler(config, forecaster)
@@ -82,9 +140,16 @@ class Brain:
 
     def to_dict(self) -> dict[str, Any]:
         """State worth persisting across an operator restart."""
-        return {"autoscaler": self.autoscaler.to_dict()}
+        return {"autoscaler": self.autoscaler.to_dict(), "forecasting": self.key}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], config: PolicyConfig, spec: InferenceEndpointSpec) -> Brain:
-        """Restore persisted state under the current spec's config; raises if the format is unknown."""
-        return cls(config, spec, autoscaler=Autoscaler.from_dict(data["autoscaler"], config))
+        """Restore persisted state under the current spec's config; raises if the format is unknown or
+        the state was built for other forecasting settings (season, clock, model, signal, step)."""
+        key = forecasting_key(spec, config.decision_interval_s)
+        saved_key = data.get("forecasting")
+        if saved_key is not None and saved_key != key:
+            raise ValueError(f"saved forecaster was built for {saved_key}, the spec now asks for {key}")
+        a = data["autoscaler"]
+        autoscaler = Autoscaler(config, restore_forecaster(a["forecaster"]), PolicyState.from_dict(a["state"]))
+        return cls(config, spec, autoscaler=autoscaler)

@@ -46,6 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peering", default=None,
                    help="Kopf peering name: replicas sharing it never act at once (default: standalone)")
     p.add_argument("--priority", type=int, default=0, help="peering priority (higher wins)")
+    p.add_argument("--peering-lifetime", type=int, default=60,
+                   help="seconds a silent peer counts as alive: how long a replica waits after the acting one died")
+    p.add_argument("--identity", default=None,
+                   help="this replica's name in peering, Events (reportingInstance) and .status.operator "
+                        "(default: $POD_ID or $POD_NAME, else user@host/pid)")
     p.add_argument("--reactive-only", action="store_true",
                    help="ignore forecasts and keep no warm pool (baseline for comparisons)")
     p.add_argument("--interval", type=float, default=None,
@@ -55,8 +60,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def default_identity() -> str:
+    """The pod's name in a cluster ($POD_ID as Kopf's own detection reads it, or $POD_NAME as the chart
+    sets it), else user@host/pid."""
+    pod = os.environ.get("POD_ID") or os.environ.get("POD_NAME")
+    if pod:
+        return pod
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    identity = args.identity or default_identity()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter() if args.log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -79,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
 
     for api in (client.CoreV1Api, client.AppsV1Api, client.PolicyV1Api, client.CustomObjectsApi):
         api(kube.shared_api())
-    logging.getLogger("preheat").info("API server %s (%s); Prometheus %s", creds.server, creds.source,
-                                      args.prometheus_url)
+    logging.getLogger("preheat").info("API server %s (%s); Prometheus %s; identity %s%s", creds.server,
+                                      creds.source, args.prometheus_url, identity,
+                                      f"; peering {args.peering!r} priority {args.priority}" if args.peering else "")
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_addr)
     memo = kopf.Memo(
         credentials=creds,
-        autoscaling=Autoscaling(Options(args.prometheus_url, args.reactive_only, args.interval)),
+        autoscaling=Autoscaling(Options(args.prometheus_url, args.reactive_only, args.interval, identity)),
         peering_priority=args.priority,
+        peering_lifetime=args.peering_lifetime,
+        identity=identity,
     )
     namespaces = list(args.namespace)
     kopf.run(
@@ -95,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         standalone=args.peering is None,
         peering_name=args.peering,
         priority=args.priority,
+        identity=identity,
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
         memo=memo,
     )

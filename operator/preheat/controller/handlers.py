@@ -56,6 +56,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = int(memo.get("max_workers", 8))
     # Peering: when two operator replicas run, the one with higher priority acts; the other waits.
     settings.peering.priority = int(memo.get("peering_priority", 0))
+    settings.peering.lifetime = int(memo.get("peering_lifetime", 60))
+    # Events say which replica wrote them (kubectl get events -o wide: reportingInstance).
+    settings.posting.reporting_component = "preheat-operator"
+    if memo.get("identity"):
+        settings.posting.reporting_instance = str(memo["identity"])[:128]
 
 
 @kopf.on.login()

@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from preheat.controller import actuation, metrics
 from preheat.controller import status as st
-from preheat.controller.brain import Brain, policy_config
+from preheat.controller.brain import Brain, forecasting_key, policy_config
 from preheat.controller.builders import selector_labels, selector_string, serving_selector, workload_name
 from preheat.controller.kube import shared_api
 from preheat.controller.observe import MetricsResult, PrometheusSource, history_query, signal_queries
@@ -42,8 +42,12 @@ COLD_START_WINDOW = 50  # pods whose creation -> Ready time feeds the p90
 PERSIST_EVERY_S = 60.0  # how often the forecaster's state goes into .status (it is rebuilt anyway)
 MAX_PERSIST_BYTES = 100_000
 MAX_BACKOFF_FACTOR = 4  # metrics failures stretch the interval up to 4x, never more
-HISTORY_MIN_S = 3600.0
+HISTORY_MIN_S = 3600.0  # load seconds (wall seconds / timeCompression)
 HISTORY_MAX_S = 7 * 86400.0
+# Any new value of this annotation makes the operator drop the endpoint's forecaster and rebuild it
+# from the signal's history in Prometheus (after a backfill or restore of Prometheus, or when an
+# outage scarred the learned profile). The value handled last is kept in status.forecasterRebuild.
+REBUILD_ANNOTATION = "preheat.dev/rebuild-forecaster"
 
 
 @dataclass
@@ -52,6 +56,9 @@ class Options:
     reactive_only: bool = False
     # Tests and the demo shorten the loop; in production the spec's intervalSeconds (15 s) rules.
     interval_override_s: float | None = None
+    # Who acts (the Kopf peering identity): written into .status.operator on every step, so two
+    # replicas of the operator can be told apart in what they write.
+    identity: str = ""
 
 
 @dataclass
@@ -68,6 +75,8 @@ class Memory:
     last_failure_event: str = ""
     last_reason: str = ""
     history_seeded: bool = False
+    rebuild_handled: str | None = None
+    seeded: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,11 +136,19 @@ class Autoscaling:
                saved: str | dict[str, Any] | None) -> Brain:
         config = policy_config(spec, self.options.reactive_only, self.options.interval_override_s)
         signal = str(spec.scaling.signal)
-        if mem.brain is not None and mem.config == config and mem.signal == signal:
+        key = forecasting_key(spec, config.decision_interval_s)
+        if mem.brain is not None and mem.config == config and mem.signal == signal and mem.brain.key == key:
             return mem.brain
-        if mem.brain is not None and mem.signal == signal:
+        if mem.brain is not None and mem.signal == signal and mem.brain.key == key:
             # Spec change: new policy configuration, same forecaster (the signal's history still holds).
             mem.brain = Brain(config, spec, mem.brain.forecaster)
+        elif mem.brain is not None:
+            # The forecaster's own settings changed (model, season, clock, signal, step): what it learned
+            # does not apply; rebuild it from the signal's history in Prometheus.
+            log.info("forecasting settings of %s/%s changed: rebuilding the forecaster from Prometheus",
+                     namespace, name)
+            mem.brain = Brain(config, spec)
+            mem.history_seeded = False
         else:
             mem.brain = None
             if saved and mem.signal is None:
@@ -147,20 +164,29 @@ class Autoscaling:
         mem.config, mem.signal = config, signal
         return mem.brain
 
-    def _seed_history(self, mem: Memory, namespace: str, name: str, spec: InferenceEndpointSpec) -> None:
-        """Replay the signal's recent history from Prometheus so a restart keeps the seasonality."""
+    def _seed_history(self, mem: Memory, namespace: str, name: str, spec: InferenceEndpointSpec) -> int:
+        """Replay the signal's recent history from Prometheus so a restart keeps the seasonality.
+
+        Two seasons (at least an hour, at most a week) of the load's clock: with timeCompression the
+        same span in wall seconds is that many times shorter. Returns the samples replayed."""
         mem.history_seeded = True
         brain = mem.brain
         if brain is None or brain.forecaster is None:
-            return
-        season = spec.scaling.forecasting.seasonality_seconds or 0
-        span = min(max(HISTORY_MIN_S, 2.0 * season), HISTORY_MAX_S)
+            return 0
+        f = spec.scaling.forecasting
+        season = f.seasonality_seconds or 86400.0
+        span = min(max(HISTORY_MIN_S, 2.0 * season), HISTORY_MAX_S) / f.time_compression
         step = max(self.interval(spec), span / 10_000)  # Prometheus answers at most 11k points
         end = time.time()
         samples = self.source(spec).history(history_query(namespace, name, spec), end - span, end, step)
         n = brain.seed(samples)
+        first = samples[0][0] if samples else None
+        mem.seeded = {"samples": n, "spanSeconds": round(end - first, 1) if first is not None else 0.0,
+                      "time": st.now_iso()}
         if n:
-            log.info("seeded %s/%s forecaster with %d samples from Prometheus", namespace, name, n)
+            log.info("seeded %s/%s forecaster with %d samples (%.0f s) from Prometheus", namespace, name, n,
+                     end - (first or end))
+        return n
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self, body: dict[str, Any]) -> StepResult:
@@ -193,9 +219,27 @@ class Autoscaling:
             return StepResult([], 30.0)
 
         mem = self.memory.setdefault((namespace, name), Memory())
-        brain = self._brain(mem, namespace, name, spec, previous.get("forecaster"))
-        if not mem.history_seeded:
-            self._seed_history(mem, namespace, name, spec)
+        rebuild = (meta.get("annotations") or {}).get(REBUILD_ANNOTATION)
+        handled = (previous.get("forecasterRebuild") or {}).get("request")
+        if mem.rebuild_handled is None:
+            mem.rebuild_handled = handled
+        saved = previous.get("forecaster")
+        rebuilding = bool(rebuild) and rebuild != mem.rebuild_handled
+        if rebuilding:
+            # Asked to forget what was learned: a fresh forecaster, seeded from Prometheus below.
+            mem.brain, mem.signal, mem.history_seeded, saved = None, None, False, None
+        brain = self._brain(mem, namespace, name, spec, saved)
+        seeding = not mem.history_seeded
+        if seeding:
+            n = self._seed_history(mem, namespace, name, spec)
+        if seeding and (n or rebuilding):
+            events.append(EventNote("Normal", "ForecasterSeeded",
+                                    f"replayed {n} samples ({mem.seeded.get('spanSeconds', 0):.0f} s) of the signal's "
+                                    f"history from Prometheus into the forecaster"
+                                    + (f" (rebuild requested: {rebuild})" if rebuilding else "")))
+        if rebuilding:
+            mem.rebuild_handled = rebuild
+            mem.last_persist_s = 0.0  # persist the rebuilt state with this step's status
         interval = self.interval(spec)
 
         core, apps = client.CoreV1Api(shared_api()), client.AppsV1Api(shared_api())
@@ -304,7 +348,10 @@ class Autoscaling:
             "selector": selector_string(serving_selector(name)),
             "signal": str(spec.scaling.signal),
             "lastEvaluationTime": now,  # a heartbeat: the loop ran, even when it changed nothing
+            "operator": self.options.identity or None,
         }
+        if rebuilding:
+            fields["forecasterRebuild"] = {"request": rebuild, **mem.seeded}
         if desired_changed or plan.promote or plan.demote or not previous.get("lastDecision"):
             fields["lastDecision"] = {
                 "time": now,

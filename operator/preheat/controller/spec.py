@@ -205,12 +205,24 @@ class Mode(StrEnum):
 class ForecastingSpec(_Model):
     enabled: bool = Field(default=True, description="false = reactive only (no pre-scaling).")
     seasonality_seconds: int | None = Field(
-        default=None, ge=1, description="Period of the load's cycle (e.g. 86400); default: detected/none."
+        default=None, ge=1,
+        description="Period of the load's cycle in the load's clock (e.g. 86400); default: one day.",
     )
     horizon_seconds: float | None = Field(
         default=None, gt=0, description="Override the lead time (default: cold start p90 + interval)."
     )
     forecaster: str | None = Field(default=None, description="Forecaster name (default: the policy's).")
+    window_seconds: float | None = Field(
+        default=None, gt=0,
+        description="Size serving for the forecast peak over this window when it is longer than the lead time: "
+        "a daily ramp is pre-scaled earlier, for more replica-seconds.",
+    )
+    time_compression: float = Field(
+        default=1.0, ge=1.0, le=100000.0,
+        description="Replays and experiments: the load runs this many times faster than real time. The "
+        "forecaster runs on the load's clock (its time constants and seasonalitySeconds are in load seconds); "
+        "1 = real time.",
+    )
 
 
 class WarmPoolSpec(_Model):

@@ -82,6 +82,35 @@ def test_logits_match_transformers_on_variants(tmp_path, tokenizer_obj, changes)
     assert out == [int(ref[-1].argmax())]
 
 
+@pytest.mark.parametrize("changes", [{}, {"num_key_value_heads": 4, "attention_bias": True}], ids=["gqa", "mha-bias"])
+def test_fused_projections_equal_the_unfused_model(tmp_path, tokenizer_obj, changes):
+    """q/k/v and gate/up fused at load time: same logits, same greedy tokens, same bytes, HF names on disk."""
+    folder = variant_folder(tmp_path, tokenizer_obj, **changes)
+    fused = load_model(str(folder), device="cpu", precision="fp32")
+    plain = load_model(str(folder), device="cpu", precision="fp32", fuse=False)
+    attn, mlp = fused.model.model.layers[0].self_attn, fused.model.model.layers[0].mlp
+    assert fused.model.is_fused and not plain.model.is_fused
+    assert not hasattr(attn, "q_proj") and not hasattr(mlp, "gate_proj")
+    cfg = fused.config
+    assert attn.qkv_proj.weight.shape == ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim,
+                                          cfg.hidden_size)
+    assert (attn.qkv_proj.bias is not None) == bool(changes.get("attention_bias"))
+    plain_attn = plain.model.model.layers[0].self_attn
+    assert torch.equal(attn.qkv_proj.weight, torch.cat([plain_attn.q_proj.weight, plain_attn.k_proj.weight,
+                                                        plain_attn.v_proj.weight]))
+    assert fused.weight_bytes == plain.weight_bytes
+    ids = torch.tensor([PROMPT * 3])
+    a, b = fused.model.forward_dense(ids), plain.model.forward_dense(ids)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    prompts = [PROMPT, PROMPT[:7], PROMPT * 2]
+    greedy = SamplingParams(max_tokens=10, ignore_eos=True)
+    assert (LLMEngine(fused, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy)
+            == LLMEngine(plain, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy))
+    # The folder on disk keeps Hugging Face's names: transformers still loads it and agrees.
+    torch.testing.assert_close(a[0], hf_logits(folder, PROMPT * 3), rtol=1e-4, atol=1e-4)
+
+
 def test_sharded_checkpoint_loads_the_same_weights(tmp_path, tokenizer_obj):
     one = variant_folder(tmp_path / "one", tokenizer_obj)
     cfg = ModelConfig.from_hf_dict(json.loads((one / "config.json").read_text()))

@@ -96,6 +96,31 @@ def test_quantized_logits_close_to_fp32(untied_folder, precision, max_rel_err, m
     assert not torch.equal(got, ref)  # really quantized
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_fused_quantized_projections_equal_separately_quantized(untied_folder, precision):
+    """Fusing before quantizing is exact: int8 scales are per output row, int4 groups run along a row."""
+    fused = load_model(str(untied_folder), device="cpu", precision=precision)
+    plain = load_model(str(untied_folder), device="cpu", precision=precision, fuse=False)
+    assert fused.weight_bytes == plain.weight_bytes
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4))
+    for fl, pl in zip(fused.model.model.layers, plain.model.model.layers, strict=True):
+        fa, pa, fm, pm = fl.self_attn, pl.self_attn, fl.mlp, pl.mlp
+        kind = Int8Linear if precision == "int8" else Int4Linear
+        assert isinstance(fa.qkv_proj, kind) and isinstance(fm.gate_up_proj, kind)
+        parts = {"qkv": [pa.q_proj, pa.k_proj, pa.v_proj], "gate_up": [pm.gate_proj, pm.up_proj]}
+        for name, lin in (("qkv", fa.qkv_proj), ("gate_up", fm.gate_up_proj)):
+            if precision == "int8":
+                assert torch.equal(lin.weight, torch.cat([p.weight for p in parts[name]]))
+                assert torch.equal(lin.scales, torch.cat([p.scales for p in parts[name]]))
+            else:
+                assert torch.equal(lin.scales_and_zeros, torch.cat([p.scales_and_zeros for p in parts[name]], dim=1))
+            torch.testing.assert_close(lin(x), torch.cat([p(x) for p in parts[name]], dim=-1), rtol=1e-5, atol=1e-5)
+    ids = torch.randint(3, 1024, (1, 40), generator=torch.Generator().manual_seed(6))
+    a, b = fused.model.forward_dense(ids), plain.model.forward_dense(ids)
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
 @pytest.mark.parametrize("precision", ["int8", "int4", "bf16"])
 def test_engine_serves_quantized_model_like_recompute(precision):
     loaded = load_model("tiny", device="cpu", precision=precision)

@@ -1,7 +1,10 @@
 """The Llama decoder in plain torch (RMSNorm, rotate-half RoPE, SwiGLU, grouped-query attention).
 
 Module and parameter names equal Hugging Face's ``LlamaForCausalLM`` so a ``model.safetensors`` loads
-without renaming. Attention does not own a KV cache: it hands q/k/v to an attention backend
+without renaming. After loading, ``fuse_projections()`` concatenates q/k/v into one ``qkv_proj`` and
+gate/up into one ``gate_up_proj`` (one GEMM each instead of three and two; the loader does this before
+quantizing, and int8/int4 quantization is per output row, so fused quantized weights equal the
+separately quantized ones). Attention does not own a KV cache: it hands q/k/v to an attention backend
 (``engine.attention.PagedAttention`` reads and writes the paged KV cache through block tables;
 ``DenseCausalAttention`` below is the no-cache reference used for full recompute).
 """
@@ -68,6 +71,23 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the concatenation of ``linears``' outputs (same dtype and device).
+
+    The originals' storage is not kept: the fused weight is a fresh concatenated tensor.
+    """
+    w = torch.cat([lin.weight.data for lin in linears], dim=0)
+    has_bias = linears[0].bias is not None
+    if any((lin.bias is not None) != has_bias for lin in linears):
+        raise ValueError("fuse_linears: all or none of the linears must have a bias")
+    with torch.device("meta"):  # no wasted random init; the real tensors are assigned below
+        fused = nn.Linear(w.shape[1], w.shape[0], bias=has_bias)
+    fused.weight = nn.Parameter(w, requires_grad=False)
+    if has_bias:
+        fused.bias = nn.Parameter(torch.cat([lin.bias.data for lin in linears]), requires_grad=False)
+    return fused
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden: int, eps: float):
         super().__init__()
@@ -95,17 +115,35 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(hid, self.num_kv_heads * self.head_dim, bias=bias)
         # HF Llama puts attention_bias on o_proj as well; Qwen2 only on q/k/v.
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hid, bias=bias and config.model_type == "llama")
+        self.qkv_proj: nn.Module | None = None  # set by fuse(); then q/k/v_proj are gone
+
+    def fuse(self) -> None:
+        """Replace q_proj, k_proj, v_proj by one qkv_proj (rows: q, then k, then v)."""
+        if self.qkv_proj is not None:
+            return
+        self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         c, s = cos[:, None, :], sin[:, None, :]
-        q = q * c + rotate_half(q) * s
-        k = k * c + rotate_half(k) * s
+        if self.qkv_proj is not None:
+            # q and k heads are adjacent in the fused output: rotate them in one pass (same
+            # elementwise arithmetic as rotating each), then split the heads.
+            qkv = self.qkv_proj(x)
+            qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)
+            qk = qk * c + rotate_half(qk) * s
+            q, k = qk[:, :h], qk[:, h:]
+            v = qkv[:, (h + hkv) * d :].view(t, hkv, d)
+        else:
+            q = self.q_proj(x).view(t, h, d)
+            k = self.k_proj(x).view(t, hkv, d)
+            v = self.v_proj(x).view(t, hkv, d)
+            q = q * c + rotate_half(q) * s
+            k = k * c + rotate_half(k) * s
         o = backend.attend(self.layer_idx, q, k, v)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
@@ -117,8 +155,19 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(hid, inter, bias=bias)
         self.up_proj = nn.Linear(hid, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hid, bias=bias)
+        self.gate_up_proj: nn.Module | None = None  # set by fuse(); then gate/up_proj are gone
+
+    def fuse(self) -> None:
+        """Replace gate_proj and up_proj by one gate_up_proj (rows: gate, then up)."""
+        if self.gate_up_proj is not None:
+            return
+        self.gate_up_proj = fuse_linears([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -154,6 +203,16 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def fuse_projections(self) -> None:
+        """Fuse q/k/v and gate/up of every layer (after the weights are loaded, before quantizing)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
+    @property
+    def is_fused(self) -> bool:
+        return all(layer.self_attn.qkv_proj is not None for layer in self.model.layers)
 
     def rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for every position, computed in fp32 (like HF) and cast once to the model dtype."""

@@ -127,8 +127,14 @@ def weight_bytes(module: torch.nn.Module) -> int:
     return total
 
 
-def load_model(name_or_path: str, device: str = "auto", precision: str | None = None) -> LoadedModel:
-    """Load ``tiny``/``small`` (generated and cached on first use) or a Hugging Face folder."""
+def load_model(name_or_path: str, device: str = "auto", precision: str | None = None,
+               fuse: bool = True) -> LoadedModel:
+    """Load ``tiny``/``small`` (generated and cached on first use) or a Hugging Face folder.
+
+    ``fuse``: concatenate q/k/v and gate/up into one projection each after loading (fewer, larger
+    GEMMs; the checkpoint keeps Hugging Face's names). Done before int8/int4 quantization, which is per
+    output row, so the quantized weights are the same either way.
+    """
     t0 = time.perf_counter()
     dev = resolve_device(device)
     precision, dtype = resolve_precision(precision, dev)
@@ -139,6 +145,8 @@ def load_model(name_or_path: str, device: str = "auto", precision: str | None = 
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     load_weights(model, folder, load_dtype, dev)
+    if fuse:
+        model.fuse_projections()
     if precision in ("int8", "int4"):
         from ..quant import quantize_model
 

@@ -55,10 +55,16 @@ def test_tiny_cpu_sample_end_to_end(operator_factory, cluster_view, namespace, c
         with urllib.request.urlopen(f"http://{ip}:8000/health/ready", timeout=5) as r:
             assert r.status == 200
 
-    out = kubectl(crd_installed, "get", "inferenceendpoints", "-n", namespace).stdout
-    header = out.splitlines()[0].split()
+    # The printer columns come from status, which the operator writes on its next loop step after the
+    # pods settle: wait for that step rather than read a status from before it.
+    def columns():
+        out = kubectl(crd_installed, "get", "inferenceendpoints", "-n", namespace).stdout
+        lines = out.splitlines()
+        row = lines[1].split() if len(lines) > 1 else []
+        return (lines[0].split(), row) if row[:3] == [name, "1", "1"] and row[6:7] == ["True"] else None
+
+    header, row = wait_for(columns, 60, "printer columns: 1 serving, 1 warm, Ready", op)
     assert header == ["NAME", "SERVING", "WARM", "DESIRED", "RATE", "FORECAST", "READY", "AGE"]
-    row = out.splitlines()[1].split()
     assert row[0] == name and row[1] == "1" and row[2] == "1" and row[6] == "True"
     resources = kubectl(crd_installed, "api-resources", "--api-group=preheat.dev").stdout.splitlines()[1].split()
     assert resources[1].split(",") == ["ie", "iep"]

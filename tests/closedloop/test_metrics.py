@@ -101,6 +101,9 @@ def test_need_series_is_ceiling_of_smoothed_rate_over_target():
 def test_cold_start_seconds_from_creation_to_first_ready_sample():
     samples = [Sample(0.0, (pod("a", "warm", False, created=-3.0),)), Sample(2.0, (pod("a", "warm", True, created=-3.0),))]
     assert M.cold_start_seconds(samples) == [5.0]
+    # a pod that was Ready before sampling began: its Ready transition time, not the first sample
+    early = [Sample(0.0, (pod("b", "warm", True, created=-80.0, ready_since=-60.0),))]
+    assert M.cold_start_seconds(early) == [20.0]
 
 
 def test_violations_count_misses_per_bin():
@@ -160,3 +163,27 @@ def test_analysis_and_plot_of_a_recorded_run(tmp_path):
     out = json.loads(json.dumps(comp.to_json(), default=float))
     png = plot_comparison(out, tmp_path / "loop.png", cfg.target_per_replica)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_serving_orders_from_events_and_decisions_with_their_reason():
+    events = [
+        {"t_s": 5.0, "reason": "Promoted", "message": "promoted warm pod(s) p-1 to serving (forecast: serving -> 3)"},
+        {"t_s": 6.0, "reason": "ScaledUp",
+         "message": "replicas 3 -> 4 (serving 3, warm pool 1): forecast: signal 2.3 (panic window 2.4) needs 2; …"},
+        {"t_s": 40.0, "reason": "ScaledUp", "message": "replicas 4 -> 5 (serving 4, warm pool 1): reactive: signal …"},
+        {"t_s": 41.0, "reason": "Reconciled", "message": "updated Deployment"},
+    ]
+    decs = [{"t_s": 39.5, "servingFrom": 3, "servingTo": 4, "reason": "reactive"},
+            {"t_s": 60.0, "servingFrom": 4, "servingTo": 3, "reason": "stabilisation"}]
+    orders = M.serving_orders(events, decs)
+    assert [(o["t_s"], o["serving_to"], o["reason"]) for o in orders] == [
+        (5.0, 3, "forecast"), (6.0, 3, "forecast"), (39.5, 4, "reactive"), (40.0, 4, "reactive")]
+    levels = [{"replicas": 3, "t_need_s": 50.0, "t_have_s": 8.0, "lead_s": 42.0, "reached": True},
+              {"replicas": 4, "t_need_s": 45.0, "t_have_s": 70.0, "lead_s": -25.0, "reached": True}]
+    rows = M.order_lead(levels, orders, [20.0, 30.0, 40.0])
+    assert rows[0]["reason"] == "forecast" and rows[0]["order_lead_s"] == pytest.approx(45.0)
+    assert rows[0]["cold_start_p90_s"] == pytest.approx(38.0) and rows[0]["ordered_a_cold_start_ahead"]
+    assert rows[1]["reason"] == "reactive" and not rows[1]["ordered_a_cold_start_ahead"]
+    summary = M.forecast_summary(rows)
+    assert summary == {"levels": 2, "ordered_by_forecast": 1, "forecast_cold_start_ahead_and_ready": 1,
+                       "max_forecast_order_lead_s": pytest.approx(45.0)}

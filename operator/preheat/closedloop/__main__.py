@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-from preheat.loadgen import from_trace
-
 from . import workload as W
 from .experiment import MODES, LoopConfig, compare
 from .plot import plot_comparison
@@ -44,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval-s", type=float, default=3.0, help="the operator's decision interval")
     p.add_argument("--max-num-seqs", type=int, default=2, help="model-server slots per replica")
     p.add_argument("--max-queue", type=int, default=4, help="model-server queue bound (429 beyond)")
+    p.add_argument("--forecaster", default="holt-winters", help="spec.scaling.forecasting.forecaster")
+    p.add_argument("--forecast-window-s", type=float, default=45.0,
+                   help="spec.scaling.forecasting.windowSeconds (0: the lead time only)")
+    p.add_argument("--no-history", action="store_true",
+                   help="do not write the trace before the slice into Prometheus (the endpoint has no past)")
     p.add_argument("--out", type=Path, default=Path("bench-results/closedloop.json"))
     p.add_argument("--plot", type=Path, default=Path("bench-results/closedloop.png"))
     p.add_argument("--work-dir", type=Path, default=Path("bench-results/tmp/closedloop"), help="operator logs")
@@ -64,8 +67,17 @@ def summary_line(headline: dict) -> str:
             f"{h.get('cold_starts_hidden')} cold starts hidden by {h.get('promotions')} promotions, "
             f"serving capacity lead {'-' if lead is None else f'{lead:+.0f} s'}, "
             f"loaded capacity lead {'-' if loaded is None else f'{loaded:+.0f} s'}"
+            + _forecast_part(h.get("forecast_orders_ahead") or {})
         )
     return " | ".join(parts)
+
+
+def _forecast_part(f: dict) -> str:
+    if not f.get("ordered_by_forecast"):
+        return ", no level ordered by the forecast"
+    return (f", forecast ordered {f['ordered_by_forecast']} of {f['levels']} levels "
+            f"({f['forecast_cold_start_ahead_and_ready']} a cold start ahead and Ready in time, "
+            f"up to {f['max_forecast_order_lead_s']:.0f} s ahead)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,9 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --modes must be a comma-separated subset of {', '.join(MODES)}", file=sys.stderr)
         return 2
     register = unregister = None
+    history = None
     kubeconfig, prom = args.kubeconfig, args.prometheus_url
     if kubeconfig is None or prom is None:
         from preheat_cluster import LocalCluster
+
+        from .history import HistoryWriter
 
         cluster = LocalCluster(state_dir=args.cluster_state)
         if not cluster.kubeconfig.exists():
@@ -89,29 +104,39 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig = kubeconfig or cluster.kubeconfig
         prom = prom or cluster.prometheus_url
         register, unregister = cluster.register_scrape_target, cluster.unregister_scrape_target
+        if not args.no_history:
+            history = HistoryWriter(cluster.bin_dir / "promtool", cluster.state_dir / "prometheus" / "data", prom)
+    elif not args.no_history:
+        print("note: with --kubeconfig/--prometheus-url the endpoint's past cannot be written into that "
+              "Prometheus; running without it (--no-history)", file=sys.stderr)
 
-    from preheat.sim.traces import TraceError, load_trace
+    from preheat.sim.traces import TraceError
 
-    try:
-        trace = load_trace(args.trace)
-    except TraceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     # the reader rebases every trace to start at 0, so the slice is in seconds from the trace's start
     start = args.start_s
-    arrivals = from_trace(trace, compress=args.compress, rate_scale=args.rate_scale, start_s=start,
-                          duration_s=args.duration_s, seed=args.seed)
+    try:
+        wl = W.load_workload(args.trace, start_s=start, duration_s=args.duration_s, compress=args.compress,
+                             rate_scale=args.rate_scale, seed=args.seed)
+    except (TraceError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    arrivals = wl.arrivals
     if not arrivals:
         print("error: the trace slice holds no requests (check --start-s / --duration-s)", file=sys.stderr)
         return 2
     workload = {"trace": str(args.trace), "start_s": start, "duration_s": args.duration_s,
                 "compress": args.compress, "rate_scale": args.rate_scale, "seed": args.seed,
-                "requests": len(arrivals), "replay_s": arrivals[-1].t_s}
+                "requests": len(arrivals), "replay_s": arrivals[-1].t_s,
+                "history_s": wl.history_s if history is not None else 0.0}
     cfg = LoopConfig(
         kubeconfig=Path(kubeconfig), prometheus_url=str(prom), out_dir=args.work_dir,
         target_per_replica=args.target_per_replica, max_replicas=args.max_replicas, slo_ms=args.slo_ms,
         interval_s=args.interval_s, max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
         register_target=register, unregister_target=unregister, progress=lambda m: print(m, flush=True),
+        forecaster=args.forecaster, time_compression=args.compress,
+        forecast_window_s=args.forecast_window_s or None, history=history,
+        history_rate=wl.rate if history is not None else None, slice_start_trace_s=wl.slice_start_s,
+        history_start_trace_s=wl.history_start_s,
     )
     print(f"closed loop: {len(arrivals)} requests over {arrivals[-1].t_s:.0f} s per mode, modes {', '.join(modes)}",
           flush=True)

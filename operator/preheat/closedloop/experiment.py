@@ -36,6 +36,7 @@ import numpy as np
 from preheat.loadgen import Arrival, EndpointSliceWatcher, ReplayConfig, Replayer, offered_rate, summarize
 
 from . import metrics as M
+from .history import HistoryWriter, ReloadWatch, TraceClock, history_visible
 from .sampler import GROUP, PLURAL, VERSION, Sampler
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,20 @@ class LoopConfig:
     unregister_target: Callable[[str], Any] | None = None
     progress: Callable[[str], None] | None = None
     progress_every_s: float = 5.0
+    # The forecaster, configured through the spec like any endpoint's: a seasonal model on the load's
+    # clock (the replay is compressed `time_compression`x, so a day lasts 86400/240 = 360 s), looking
+    # `forecast_window_s` ahead when that is longer than the lead time.
+    forecaster: str = "holt-winters"
+    seasonality_s: int = 86400
+    time_compression: float = 240.0
+    forecast_window_s: float | None = 45.0
+    # The endpoint's past: when set, the trace before the slice is written into Prometheus before the
+    # replay and the operator is asked to rebuild its forecaster from it (preheat.closedloop.history).
+    history: HistoryWriter | None = None
+    history_rate: Callable[[np.ndarray], np.ndarray] | None = None
+    slice_start_trace_s: float = 0.0
+    history_start_trace_s: float = 0.0
+    history_timeout_s: float = 90.0
 
 
 def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
@@ -100,6 +115,12 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
                 "intervalSeconds": cfg.interval_s,
                 "scaleDownStabilizationSeconds": cfg.scale_down_stabilization_s,
                 "warmPool": {"min": cfg.warm_pool_min, "max": cfg.warm_pool_max},
+                "forecasting": {
+                    "forecaster": cfg.forecaster,
+                    "seasonalitySeconds": cfg.seasonality_s,
+                    "timeCompression": cfg.time_compression,
+                    **({"windowSeconds": cfg.forecast_window_s} if cfg.forecast_window_s else {}),
+                },
             },
             "prometheus": {"url": cfg.prometheus_url, "window": cfg.window, "panicWindow": cfg.panic_window},
         },
@@ -214,7 +235,57 @@ async def _wait_ready(cfg: LoopConfig, core: Any, namespace: str, want: int, ope
         await asyncio.sleep(1.0)
 
 
-async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival]) -> dict:
+REBUILD_ANNOTATION = "preheat.dev/rebuild-forecaster"
+
+
+async def _install_history(cfg: LoopConfig, custom: Any, namespace: str, watch: ReloadWatch | None,
+                           say: Callable[[str], None]) -> tuple[float, dict]:
+    """Write the endpoint's past into Prometheus so it ends where the replay begins; return the replay's
+    start (wall time) and what was written. The start is just after the Prometheus block reload that
+    loads the history (its timer's phase from `watch`), so the operator's view is continuous: history
+    up to the start, the replayed load after it. Then ask the operator to rebuild its forecaster."""
+    assert cfg.history is not None and cfg.history_rate is not None
+    if watch is not None and not watch.reloads:
+        # The timer's phase is not known yet: wait for one reload (at most a period). Writing the block
+        # blind would let Prometheus load it early, and the operator would see the history's last
+        # minute as live load before the replay.
+        deadline = time.time() + 75.0
+        while not watch.reloads and time.time() < deadline:
+            await asyncio.sleep(0.5)
+    now = time.time()
+    nxt = watch.next_reload(now + 3.0) if watch is not None else None
+    # Still unknown (no reload in 75 s): one full period from now is surely after a reload.
+    t0 = (nxt + 2.0) if nxt is not None else now + 65.0
+    clock = TraceClock(t0_wall=t0, t0_trace=cfg.slice_start_trace_s, compress=cfg.time_compression)
+    info = await asyncio.to_thread(cfg.history.write, namespace, cfg.endpoint, cfg.history_rate, clock,
+                                   cfg.history_start_trace_s)
+    info.update(planned_start_in_s=t0 - now, reload_predicted=nxt is not None)
+    say(f"[history] {info['samples']} samples ({(info['end_wall_s'] - info['start_wall_s']):.0f} s, trace "
+        f"{info['start_trace_s'] / 3600:.1f} h -> {info['end_trace_s'] / 3600:.1f} h) written into Prometheus; "
+        f"replay starts in {t0 - now:.0f} s")
+    # From the predicted reload on, poll until Prometheus shows the history (usually at once), then ask
+    # for the rebuild right away: the operator's forecaster is rebuilt by the time the replay starts.
+    await asyncio.sleep(max(0.0, t0 - 2.0 + 0.2 - time.time()))
+    deadline = time.time() + cfg.history_timeout_s
+    while True:
+        n = await asyncio.to_thread(history_visible, cfg.prometheus_url, namespace, cfg.endpoint,
+                                    info["start_wall_s"], min(time.time(), t0))
+        if n or time.time() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    info["visible_points"] = n
+    info["visible_at_s"] = time.time() - t0  # relative to the replay's start
+    if not n:
+        raise TimeoutError(f"Prometheus did not load the history block within {cfg.history_timeout_s:g} s "
+                           f"after the planned start ({cfg.history.data_dir})")
+    token = f"closedloop-{int(t0)}"
+    await asyncio.to_thread(custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, cfg.endpoint,
+                            {"metadata": {"annotations": {REBUILD_ANNOTATION: token}}})
+    info["rebuild_request"] = token
+    return t0, info
+
+
+async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watch: ReloadWatch | None = None) -> dict:
     """One closed-loop run in a fresh namespace; returns its figures (and keeps raw data for the plot)."""
     from kubernetes import client, config
 
@@ -243,7 +314,13 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival]) -> d
                                   max_duration_s=max(a.t_s for a in arrivals) + 1 if arrivals else 1)
         async with EndpointSliceWatcher(None, namespace, cfg.endpoint, port_name="http", api_client=api) as eps:
             replayer = Replayer(eps, replay_cfg)
+            if cfg.history is not None:
+                # returns at the replay's planned start, once the operator has been asked to rebuild
+                t_start, result["history"] = await _install_history(cfg, custom, namespace, watch, say)
+                await asyncio.sleep(max(0.0, t_start - time.time()))
             t0_wall = time.time()
+            if "history" in result:
+                result["history"]["start_late_s"] = t0_wall - t_start
             sampler.start(t0_wall)
             reporter = asyncio.create_task(_report(cfg, mode, replayer, sampler, say))
             try:
@@ -255,7 +332,12 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival]) -> d
             await asyncio.to_thread(sampler.sample_once)
             await sampler.stop()
         t_end = max((r.done_s or 0) for r in records) if records else 0.0
-        result.update(analyse(cfg, records, sampler.samples, arrivals, t_end, t0_wall))
+        events = await asyncio.to_thread(_events, core, namespace, cfg.endpoint, t0_wall)
+        result.update(analyse(cfg, records, sampler.samples, arrivals, t_end, t0_wall, events))
+        rebuilt = next((s.status.get("forecasterRebuild") for s in reversed(sampler.samples)
+                        if s.status.get("forecasterRebuild")), None)
+        if "history" in result:
+            result["history"]["operator_rebuild"] = rebuilt
         result["operator_alive_at_end"] = operator.alive()
     finally:
         await sampler.stop()
@@ -306,8 +388,19 @@ async def _teardown(cfg: LoopConfig, core: Any, custom: Any, namespace: str, ope
         await asyncio.to_thread(core.delete_namespace, namespace)
 
 
+def _events(core: Any, namespace: str, endpoint: str, t0_wall: float) -> list[dict]:
+    """The operator's Events about the endpoint, on the experiment clock."""
+    items = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={endpoint}").items
+    out = []
+    for e in items:
+        when = e.event_time or e.last_timestamp or e.first_timestamp
+        out.append({"t_s": when.timestamp() - t0_wall if when else None, "reason": e.reason, "message": e.message,
+                    "reporting_instance": e.reporting_instance})
+    return sorted((e for e in out if e["t_s"] is not None), key=lambda e: e["t_s"])
+
+
 def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arrivals: Sequence[Arrival],
-            t_end: float, t0_wall: float) -> dict:
+            t_end: float, t0_wall: float, events: Sequence[dict] = ()) -> dict:
     """Every figure of one mode's run (JSON-able), plus the series the plot draws."""
     summary = summarize(records, cfg.slo_ms / 1000)
     off_t, off_r = offered_rate(arrivals, 1.0)
@@ -319,6 +412,8 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
     lead = M.capacity_lead(samples, need_t, need, min_level=2)
     loaded_lead = M.capacity_lead(samples, need_t, need, min_level=2, loaded=True)
     vt, vc = M.violations_per_bin(records, 5.0, t_end)
+    orders = M.serving_orders(events, decs)
+    cold = M.cold_start_seconds(samples)
     return {
         "slo": summary,
         "slo_attainment": summary["slo_attainment"],
@@ -333,6 +428,8 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
         "decisions": decs,
         "capacity_lead": lead,
         "loaded_capacity_lead": loaded_lead,
+        "serving_orders": orders,
+        "forecast_lead": M.order_lead(lead, orders, cold),
         "cold_start_s": M.cold_start_seconds(samples),
         "max_serving": max((s.serving_ready for s in samples), default=0),
         "metrics_available": any(
@@ -382,6 +479,7 @@ class Comparison:
                 "mean_capacity_lead_s": float(np.mean(leads)) if leads else None,
                 "mean_loaded_capacity_lead_s": float(np.mean(loaded)) if loaded else None,
                 "max_serving": r.get("max_serving"),
+                "forecast_orders_ahead": M.forecast_summary(r.get("forecast_lead", [])),
             }
         return out
 
@@ -396,7 +494,15 @@ async def compare(cfg: LoopConfig, arrivals: Sequence[Arrival], modes: Sequence[
     skip = {"register_target", "unregister_target", "progress", "kubeconfig"}
     conf = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in skip}
     conf = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in conf.items()}
+    skip_types = (HistoryWriter,)
+    conf = {k: v for k, v in conf.items() if not isinstance(v, skip_types) and not callable(v)}
     comp = Comparison(config=conf, workload=workload or {})
-    for mode in modes:
-        comp.modes[mode] = await run_mode(cfg, mode, arrivals)
+    # Prometheus' block-reload timer, learned while the first mode's pods start (history only).
+    watch = ReloadWatch(cfg.prometheus_url).start() if cfg.history is not None else None
+    try:
+        for mode in modes:
+            comp.modes[mode] = await run_mode(cfg, mode, arrivals, watch)
+    finally:
+        if watch is not None:
+            watch.stop()
     return comp

@@ -8,6 +8,7 @@ figure here is unit-tested without a cluster.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -112,14 +113,17 @@ def reaction_times(decisions: Sequence[dict], samples: Sequence[Sample]) -> list
 
 
 def cold_start_seconds(samples: Sequence[Sample]) -> list[float]:
-    """Creation → first Ready sample, per pod that became Ready (an upper bound by one sample period)."""
+    """Creation → Ready, per pod that became Ready: the Ready condition's transition time when the
+    sample carries it (pods that became Ready before sampling began count right), else the first
+    sample that saw it Ready (an upper bound by one sample period)."""
     first_ready: dict[str, float] = {}
     created: dict[str, float] = {}
     for s in sorted(samples, key=lambda s: s.t_s):
         for p in s.pods:
             created.setdefault(p.uid, p.created_s)
             if p.ready:
-                first_ready.setdefault(p.uid, s.t_s)
+                since = p.ready_since_s
+                first_ready.setdefault(p.uid, min(since, s.t_s) if since is not None else s.t_s)
     return [first_ready[u] - created[u] for u in first_ready if first_ready[u] - created[u] > 0]
 
 
@@ -172,3 +176,61 @@ def violations_per_bin(records: Sequence, bin_s: float, t_end: float) -> tuple[n
     misses = [r.scheduled_s for r in records if not r.slo_met]
     counts, _ = np.histogram(misses, bins=edges)
     return edges[:-1], counts
+
+
+_PROMOTED = re.compile(r"\((?P<reason>[A-Za-z]+): serving -> (?P<to>\d+)\)")
+_SCALED = re.compile(r"\(serving (?P<to>\d+), warm pool \d+\): (?P<reason>[A-Za-z]+):")
+
+
+def serving_orders(events: Sequence[dict], decisions: Sequence[dict] = ()) -> list[dict]:
+    """Every time the operator asked for more serving replicas, with the term that won (its reason).
+
+    From its Events (`Promoted` "… (forecast: serving -> 3)", `ScaledUp` "… (serving 3, warm pool 1):
+    forecast: …"), which are durable, and from the `status.lastDecision` values the sampler saw.
+    Sorted by time; each entry {t_s, serving_to, reason, source}."""
+    out: list[dict] = []
+    for e in events:
+        msg, t = e.get("message") or "", e.get("t_s")
+        if t is None:
+            continue
+        m = _PROMOTED.search(msg) if e.get("reason") == "Promoted" else (
+            _SCALED.search(msg) if e.get("reason") == "ScaledUp" else None)
+        if m:
+            out.append({"t_s": float(t), "serving_to": int(m.group("to")), "reason": m.group("reason"),
+                        "source": e["reason"]})
+    for d in decisions:
+        lo, hi = d.get("servingFrom"), d.get("servingTo")
+        if lo is not None and hi is not None and hi > lo:
+            out.append({"t_s": float(d["t_s"]), "serving_to": int(hi), "reason": str(d.get("reason")),
+                        "source": "lastDecision"})
+    return sorted(out, key=lambda o: o["t_s"])
+
+
+def order_lead(levels: Sequence[dict], orders: Sequence[dict], cold_start_s: Sequence[float]) -> list[dict]:
+    """Per replica level of `capacity_lead`: which decision first ordered that many serving replicas,
+    why (its reason), how long before the demand needed them (`order_lead_s`), and whether that was at
+    least the run's p90 measured cold start ahead (a replica started cold at that moment would have
+    been Ready in time). `ready_lead_s` is the level's capacity lead (serving and Ready before need)."""
+    cold = sorted(float(c) for c in cold_start_s)
+    p90 = float(np.quantile(cold, 0.9)) if cold else None
+    out = []
+    for lv in levels:
+        k = lv["replicas"]
+        first = next((o for o in orders if o["serving_to"] >= k), None)
+        lead = (lv["t_need_s"] - first["t_s"]) if first else None
+        out.append({
+            "replicas": k, "t_need_s": lv["t_need_s"], "ready_lead_s": lv["lead_s"], "ready": lv.get("reached", True),
+            "ordered_at_s": first["t_s"] if first else None, "reason": first["reason"] if first else None,
+            "order_lead_s": lead, "cold_start_p90_s": p90,
+            "ordered_a_cold_start_ahead": bool(lead is not None and p90 is not None and lead >= p90),
+        })
+    return out
+
+
+def forecast_summary(rows: Sequence[dict]) -> dict:
+    """How many replica levels the forecast term ordered, and how many of those at least a cold start
+    before the demand with serving capacity Ready before it."""
+    fc = [r for r in rows if r.get("reason") == "forecast"]
+    ahead = [r for r in fc if r["ordered_a_cold_start_ahead"] and r["ready"] and r["ready_lead_s"] >= 0]
+    return {"levels": len(rows), "ordered_by_forecast": len(fc), "forecast_cold_start_ahead_and_ready": len(ahead),
+            "max_forecast_order_lead_s": max((r["order_lead_s"] for r in fc), default=None)}

@@ -9,15 +9,25 @@ One run, one machine, one model (``small`` by default), side by side:
   * decode tokens/s with the paged KV cache vs full recompute at 512 tokens of context;
   * weight bytes for fp32, bf16, int8, int4.
 Requests have mixed prompt lengths and mixed ``max_tokens`` (seeded), greedy, EOS ignored.
+
+On a shared machine the load drifts within minutes, so each concurrency level runs the three systems
+interleaved, ``--rounds`` times (engine, one-at-a-time, static; engine, one-at-a-time, static; ...).
+Every round is reported with the load average at its start; a level's ratios are the **median of the
+per-round ratios** (each round's three systems ran back to back, under nearly the same load), and its
+per-system figures are that system's median-throughput round.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import platform
 import random
+import statistics
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -44,23 +54,48 @@ def summary(ttfts: list[float], tokens: int, wall: float) -> dict:
             "ttft_p50_s": pct(ttfts, 50), "ttft_p99_s": pct(ttfts, 99)}
 
 
-def run_engine(loaded, reqs, max_num_seqs: int) -> dict:
-    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def outputs_digest(outputs: list[list[int]]) -> str:
+    """sha256 of the generated token ids, request by request (greedy: equal digests = equal outputs)."""
+    return hashlib.sha256(json.dumps(outputs).encode()).hexdigest()[:16]
+
+
+def run_engine(loaded, reqs, max_num_seqs: int, max_num_batched_tokens: int) -> dict:
+    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                             num_kv_blocks=max_num_seqs * 16 + 16))
     engine.generate([reqs[0][0][:4]], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     t0 = time.perf_counter()
     first: dict[str, float] = {}
+    outs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(reqs))}
     for i, (p, n) in enumerate(reqs):
         engine.add_request(f"r{i}", p, SamplingParams(max_tokens=n, ignore_eos=True))
-    tokens = 0
+    tokens = steps = 0
+    last: dict[str, float] = {}
+    gaps: list[float] = []  # inter-token latency: time between a request's consecutive tokens
     while engine.has_unfinished_requests():
+        steps += 1
         for o in engine.step():
             now = time.perf_counter()
             if o.new_token_ids and o.request_id not in first:
                 first[o.request_id] = now - t0
+            elif o.new_token_ids:
+                gaps.append(now - last[o.request_id])
+            if o.new_token_ids:
+                last[o.request_id] = now
             tokens += len(o.new_token_ids)
+            outs[o.request_id].extend(o.new_token_ids)
     wall = time.perf_counter() - t0
-    return summary(list(first.values()), tokens, wall)
+    out = summary(list(first.values()), tokens, wall)
+    out["steps"] = steps
+    out["itl_p50_s"], out["itl_p99_s"], out["itl_max_s"] = pct(gaps, 50), pct(gaps, 99), max(gaps, default=0.0)
+    out["outputs_sha256"] = outputs_digest([outs[f"r{i}"] for i in range(len(reqs))])
+    return out
 
 
 class _FirstTokenTimer:
@@ -86,13 +121,16 @@ def hf_generate(hf, ids: torch.Tensor, mask: torch.Tensor, n: int, streamer=None
 def run_hf_serial(hf, reqs) -> dict:
     hf_generate(hf, torch.tensor([reqs[0][0][:4]]), torch.ones(1, 4, dtype=torch.long), 2)  # warm-up
     t0 = time.perf_counter()
-    ttfts, tokens = [], 0
+    ttfts, tokens, outs = [], 0, []
     for p, n in reqs:
         timer = _FirstTokenTimer()
         out = hf_generate(hf, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long), n, timer)
         ttfts.append(timer.first - t0)
         tokens += out.shape[1] - len(p)
-    return summary(ttfts, tokens, time.perf_counter() - t0)
+        outs.append(out[0, len(p):].tolist())
+    res = summary(ttfts, tokens, time.perf_counter() - t0)
+    res["outputs_sha256"] = outputs_digest(outs)
+    return res
 
 
 def run_hf_static(hf, reqs) -> dict:
@@ -104,6 +142,7 @@ def run_hf_static(hf, reqs) -> dict:
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     n = max(m for _, m in reqs)
+    hf_generate(hf, ids[:2, -4:], mask[:2, -4:], 2)  # warm-up, like the other two systems
     t0 = time.perf_counter()
     timer = _FirstTokenTimer()
     hf_generate(hf, ids, mask, n, timer)
@@ -133,6 +172,40 @@ def kv_vs_recompute(loaded, context: int, decode_tokens: int) -> dict:
             "speedup": kv_tps / rec_tps}
 
 
+SYSTEMS = ("engine", "hf_one_at_a_time", "hf_static_batch")
+
+
+def run_level(loaded, hf, reqs, c: int, rounds: int, max_num_batched_tokens: int) -> dict:
+    """The three systems interleaved ``rounds`` times; medians over rounds (see the module docstring)."""
+    row: dict = {"requests": c, "rounds": []}
+    for r in range(rounds):
+        rd: dict = {"round": r + 1, "loadavg_start": loadavg(),
+                    "start_utc": datetime.now(UTC).isoformat(timespec="seconds")}
+        with torch.inference_mode():
+            rd["engine"] = run_engine(loaded, reqs, max(c, 1), max_num_batched_tokens)
+            rd["hf_one_at_a_time"] = run_hf_serial(hf, reqs)
+            rd["hf_static_batch"] = run_hf_static(hf, reqs)
+        rd["speedup_vs_one_at_a_time"] = rd["engine"]["tokens_per_s"] / rd["hf_one_at_a_time"]["tokens_per_s"]
+        rd["speedup_vs_static_batch"] = rd["engine"]["tokens_per_s"] / rd["hf_static_batch"]["tokens_per_s"]
+        row["rounds"].append(rd)
+        print(f"c={c} round {r + 1}/{rounds} (load {rd['loadavg_start']}): engine "
+              f"{rd['engine']['tokens_per_s']:.1f} tok/s, one-at-a-time {rd['hf_one_at_a_time']['tokens_per_s']:.1f}, "
+              f"static {rd['hf_static_batch']['tokens_per_s']:.1f} -> {rd['speedup_vs_one_at_a_time']:.2f}x, "
+              f"{rd['speedup_vs_static_batch']:.2f}x", flush=True)
+    for name in SYSTEMS:  # the system's median-throughput round (upper median for an even count)
+        ranked = sorted(row["rounds"], key=lambda rd, name=name: rd[name]["tokens_per_s"])
+        row[name] = ranked[len(ranked) // 2][name]
+    for key in ("speedup_vs_one_at_a_time", "speedup_vs_static_batch"):
+        vals = [rd[key] for rd in row["rounds"]]
+        row[key] = statistics.median(vals)
+        row[key.replace("speedup", "min_speedup")] = min(vals)
+        row[key.replace("speedup", "max_speedup")] = max(vals)
+    row["ratio_aggregate"] = "median over rounds of the per-round ratio"
+    digests = {rd["engine"]["outputs_sha256"] for rd in row["rounds"]}
+    row["engine_outputs_identical_across_rounds"] = len(digests) == 1
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small")
@@ -143,10 +216,16 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, nargs=2, default=[8, 96])
     ap.add_argument("--output-tokens", type=int, nargs=2, default=[8, 64])
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per concurrency level (>= 1)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
+                    help="engine token budget per step (default: the engine's and the server's default)")
     ap.add_argument("--out", type=Path, default=Path("bench-results/engine.json"))
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
+    load_start, utc_start = loadavg(), datetime.now(UTC).isoformat(timespec="seconds")
     loaded = load_model(args.model, device=args.device, precision=args.precision)
     import transformers
 
@@ -157,23 +236,20 @@ def main() -> None:
         "threads": args.threads, "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": platform.machine(), "cpu_count": torch.get_num_threads(),
         "load_seconds": loaded.load_seconds, "concurrency": {},
+        "os_cpu_count": os.cpu_count(), "rounds": args.rounds, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "start_utc": utc_start, "loadavg_start": load_start,
+        "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
+                     "seed": "100 + concurrency", "greedy": True, "ignore_eos": True},
     }
     if loaded.device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(loaded.device)
     for c in args.concurrency:
         reqs = workload(c, seed=100 + c, vocab=loaded.config.vocab_size,
                         prompt_range=tuple(args.prompt_tokens), out_range=tuple(args.output_tokens))
-        row = {"requests": c}
-        with torch.inference_mode():
-            row["engine"] = run_engine(loaded, reqs, max_num_seqs=max(c, 1))
-            row["hf_one_at_a_time"] = run_hf_serial(hf, reqs)
-            row["hf_static_batch"] = run_hf_static(hf, reqs)
-        row["speedup_vs_one_at_a_time"] = row["engine"]["tokens_per_s"] / row["hf_one_at_a_time"]["tokens_per_s"]
-        row["speedup_vs_static_batch"] = row["engine"]["tokens_per_s"] / row["hf_static_batch"]["tokens_per_s"]
+        row = run_level(loaded, hf, reqs, c, args.rounds, args.max_num_batched_tokens)
         result["concurrency"][str(c)] = row
-        print(f"c={c}: engine {row['engine']['tokens_per_s']:.1f} tok/s, one-at-a-time "
-              f"{row['hf_one_at_a_time']['tokens_per_s']:.1f}, static {row['hf_static_batch']['tokens_per_s']:.1f}",
-              flush=True)
+        print(f"c={c}: median ratios {row['speedup_vs_one_at_a_time']:.2f}x one-at-a-time, "
+              f"{row['speedup_vs_static_batch']:.2f}x static", flush=True)
     with torch.inference_mode():
         result["kv_cache_vs_recompute"] = kv_vs_recompute(loaded, args.context, decode_tokens=16)
     print("kv vs recompute:", result["kv_cache_vs_recompute"], flush=True)
@@ -188,6 +264,12 @@ def main() -> None:
     result["weight_bytes"] = sizes
     result["weight_bytes_ratio_to_bf16"] = {p: b / sizes["bf16"] for p, b in sizes.items()}
     top = str(max(args.concurrency))
+    top_rounds = result["concurrency"][top]["rounds"]
+    result["rounds_meeting_targets"] = {
+        f"c{top}_vs_one_at_a_time_ge_5x": sum(rd["speedup_vs_one_at_a_time"] >= 5.0 for rd in top_rounds),
+        f"c{top}_vs_static_batch_ge_1.5x": sum(rd["speedup_vs_static_batch"] >= 1.5 for rd in top_rounds),
+        "of": len(top_rounds),
+    }
     result["targets"] = {
         f"c{top}_vs_one_at_a_time_ge_5x": result["concurrency"][top]["speedup_vs_one_at_a_time"] >= 5.0,
         f"c{top}_vs_static_batch_ge_1.5x": result["concurrency"][top]["speedup_vs_static_batch"] >= 1.5,
@@ -196,9 +278,13 @@ def main() -> None:
         "int4_le_0.30_of_bf16": result["weight_bytes_ratio_to_bf16"]["int4"] <= 0.30,
     }
     result["bench_seconds"] = time.perf_counter() - t_start
+    result["loadavg_end"] = loadavg()
+    result["end_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps({"targets": result["targets"], "weight_bytes": sizes}, indent=2))
+    print(json.dumps({"targets": result["targets"], "rounds_meeting_targets": result["rounds_meeting_targets"],
+                      "loadavg_start": load_start, "loadavg_end": result["loadavg_end"],
+                      "weight_bytes": sizes}, indent=2))
 
 
 if __name__ == "__main__":

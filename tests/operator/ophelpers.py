@@ -165,6 +165,12 @@ def role(pod: dict) -> str:
     return pod["metadata"]["labels"].get("preheat.dev/role", "")
 
 
+def ready_by_role(pods: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(serving, warm): the Ready pods of each role."""
+    ready = [p for p in pods if is_ready(p)]
+    return [p for p in ready if role(p) == "serving"], [p for p in ready if role(p) == "warm"]
+
+
 
 
 def lightweight_endpoint(name: str, **scaling: Any) -> dict:

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 import yaml
-from ophelpers import SAMPLES, is_ready, kubectl, lightweight_endpoint, role, wait_for
+from ophelpers import SAMPLES, kubectl, lightweight_endpoint, ready_by_role, role, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -36,8 +36,7 @@ def test_tiny_cpu_sample_end_to_end(operator_factory, cluster_view, namespace, c
     # Floor of 1 serving + warm pool of 1: two Ready pods, one of them promoted to serving.
     def settled():
         pods = cv.live_pods(name)
-        serving = [p for p in pods if is_ready(p) and role(p) == "serving"]
-        warm = [p for p in pods if is_ready(p) and role(p) == "warm"]
+        serving, warm = ready_by_role(pods)
         return (serving, warm) if len(serving) == 1 and len(warm) == 1 else None
 
     serving, warm = wait_for(settled, 240, "1 serving + 1 warm Ready tiny-model pods", op)
@@ -152,8 +151,7 @@ def test_operator_killed_mid_scale_up_converges_without_extra_pods(operator_fact
     def converged():
         st = cv.status(name)
         pods = cv.live_pods(name)
-        serving = [p for p in pods if is_ready(p) and role(p) == "serving"]
-        warm = [p for p in pods if is_ready(p) and role(p) == "warm"]
+        serving, warm = ready_by_role(pods)
         dep = cv.apps.read_namespaced_deployment(name, namespace)
         ok = (len(serving) == 4 and len(warm) == 1 and dep.spec.replicas == 5 and len(pods) == 5
               and st.get("servingReplicas") == 4)

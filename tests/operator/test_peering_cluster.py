@@ -17,7 +17,7 @@ import re
 import time
 
 import pytest
-from ophelpers import ROOT, is_ready, kubectl, lightweight_endpoint, role, wait_for
+from ophelpers import ROOT, kubectl, lightweight_endpoint, ready_by_role, role, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -69,8 +69,7 @@ def test_peering_only_the_higher_priority_operator_acts_and_the_other_takes_over
         def check():
             st = cv.status(name)
             pods = cv.live_pods(name)
-            s = [p for p in pods if is_ready(p) and role(p) == "serving"]
-            w = [p for p in pods if is_ready(p) and role(p) == "warm"]
+            s, w = ready_by_role(pods)
             dep = cv.apps.read_namespaced_deployment(name, namespace)
             ok = (len(s) == serving and len(w) == 1 and len(pods) == serving + 1
                   and dep.spec.replicas == serving + 1 and st.get("operator") == acting

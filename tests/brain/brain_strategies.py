@@ -44,6 +44,9 @@ def configs(draw: st.DrawFn) -> PolicyConfig:
         default_cold_start_s=draw(st.floats(0.0, 600.0)),
         concurrency_per_replica=draw(st.one_of(st.none(), st.floats(0.5, 64.0))),
         queue_cold_start_rate=draw(st.sampled_from([0.0, 0.0, 1.0, 3.0, 1e6])),
+        burst_memory_s=draw(st.sampled_from([0.0, 0.0, 60.0, 300.0])),
+        burst_threshold=draw(st.floats(1.0, 3.0)),
+        panic_interval_s=draw(st.sampled_from([None, 3.0])),
     )
 
 

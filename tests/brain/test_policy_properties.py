@@ -15,7 +15,7 @@ from brain_strategies import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from preheat.policy import Decision, Observation, PolicyConfig, PolicyState, Reason, decide
+from preheat.policy import Decision, Observation, PolicyConfig, PolicyState, Reason, decide, decide_panic
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -143,3 +143,29 @@ def test_decide_is_pure(config: PolicyConfig, data: st.DataObject, value, fv, fu
     assert a == b
     assert PolicyState.from_dict(a[1].to_dict()) == a[1]
     assert Decision.from_dict(a[0].to_dict()) == a[0]
+
+
+@SETTINGS
+@given(config=configs(), data=st.data())
+def test_fast_panic_path_only_promotes_within_bounds_and_never_raises(config: PolicyConfig, data: st.DataObject) -> None:
+    """Between full decisions the fast path either does nothing or moves Ready warm replicas to
+    serving: the Deployment's total never grows, serving never shrinks, bounds hold, and missing,
+    broken or stale gauges do nothing."""
+    obs_list = data.draw(observation_runs(max_size=8))
+    fcs = data.draw(st.lists(st.tuples(forecasts, forecasts), min_size=len(obs_list), max_size=len(obs_list)))
+    state = PolicyState()
+    for obs, (fv, fu) in zip(obs_list, fcs, strict=False):
+        d, state = decide(config, state, obs, fv, fu)
+        fast, after = decide_panic(config, state, obs)
+        if fast is None:
+            assert after == state
+            continue
+        assert config.concurrency_per_replica is not None and not obs.stale
+        assert fast.reason == Reason.PANIC and fast.panic
+        assert fast.total <= d.total and fast.total <= config.max_replicas
+        assert fast.serving > d.serving and 0 <= fast.warm <= d.warm
+        current = obs.current_serving if isinstance(obs.current_serving, int) else 0
+        assert 0 < fast.promote <= obs.warm_ready
+        assert fast.serving <= max(d.serving, current) + obs.warm_ready
+        assert PolicyState.from_dict(after.to_dict()) == after
+        state = after

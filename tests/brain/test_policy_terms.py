@@ -13,6 +13,7 @@ from preheat.policy import (
     Reason,
     cold_start_s,
     decide,
+    decide_panic,
     lead_time_s,
     quantile,
     replicas_needed,
@@ -248,6 +249,9 @@ def test_bounds_clamp_and_are_named() -> None:
         ({"min_replicas": -1}, "min_replicas must be a non-negative integer"),
         ({"concurrency_per_replica": 0.0}, "concurrency_per_replica must be None or a positive number"),
         ({"queue_cold_start_rate": -1.0}, "queue_cold_start_rate must be >= 0"),
+        ({"burst_memory_s": -1.0}, "burst_memory_s must be >= 0"),
+        ({"burst_threshold": 0.5}, "burst_threshold must be >= 1"),
+        ({"panic_interval_s": 0.0}, "panic_interval_s must be None or a positive number"),
     ],
 )
 def test_invalid_config_is_rejected_with_the_reason(changes: dict, message: str) -> None:
@@ -298,3 +302,90 @@ def test_no_queue_panic_while_slots_are_free_or_without_concurrency_config() -> 
 def test_broken_queue_counts_are_read_as_zero(bad) -> None:
     d, _ = decide(SLOTS, PolicyState(), obs(0.0, 20.0, 4, running=bad, queue=bad, warm_ready=2))
     assert not d.panic and d.serving == 2
+
+
+# Burst envelope: no stabilisation window, so what holds the warm pool is the envelope alone.
+BURSTY = SLOTS.with_(burst_memory_s=120.0, scale_down_stabilization_s=0.0, warm_pool_max=8)
+
+
+def test_burst_envelope_holds_the_short_window_need_as_warm_pool_then_lapses() -> None:
+    state, current = PolicyState(), 2
+    # a burst: the short window needs 8 replicas while the stable window needs 2
+    d, state = decide(BURSTY, state, obs(0.0, 20.0, current, value_panic=80.0))
+    assert d.serving + d.warm >= 8
+    current = d.serving
+    held = []
+    for t in (60.0, 75.0, 90.0, 105.0):  # quiet: 1 replica's worth, within the 120 s memory
+        d, state = decide(BURSTY, state, obs(t, 5.0, current, value_panic=5.0))
+        current = d.serving
+        held.append(d)
+    assert all(x.serving + x.warm >= 8 for x in held), [x.detail for x in held]
+    assert any(x.reason == Reason.BURST for x in held)
+    assert "burst envelope" in held[-1].detail
+    # 120 s after the last burst sample the envelope has lapsed
+    d, state = decide(BURSTY, state, obs(135.0, 5.0, current, value_panic=5.0))
+    assert d.warm == 0 and d.serving == 1
+
+
+def test_burst_envelope_is_off_by_default_and_ignores_smooth_traffic() -> None:
+    cfg = BURSTY.with_(burst_memory_s=0.0)
+    d, state = decide(cfg, PolicyState(), obs(0.0, 20.0, 2, value_panic=80.0))
+    d, _ = decide(cfg, state, obs(60.0, 5.0, d.serving, value_panic=5.0))
+    assert d.warm == 0
+    # smooth traffic: the short window within burst_threshold of the stable one adds nothing
+    d, state = decide(BURSTY, PolicyState(), obs(0.0, 40.0, 4, value_panic=50.0))
+    d, _ = decide(BURSTY, state, obs(15.0, 40.0, d.serving, value_panic=40.0))
+    assert d.warm == 0 and d.reason != Reason.BURST
+
+
+def test_burst_envelope_respects_warm_pool_max_and_max_replicas() -> None:
+    cfg = BURSTY.with_(warm_pool_max=3, max_replicas=6)
+    d, state = decide(cfg, PolicyState(), obs(0.0, 20.0, 2, value_panic=400.0))
+    d, _ = decide(cfg, state, obs(15.0, 5.0, d.serving, value_panic=5.0))
+    assert d.warm <= 3 and d.total <= 6
+
+
+FAST = SLOTS.with_(panic_interval_s=3.0)
+
+
+def test_fast_panic_path_promotes_ready_warm_replicas_only() -> None:
+    state = PolicyState(last_serving=4, last_warm=3)
+    gauges = Observation(time_s=100.0, value=None, current_serving=4, serving_ready=4, warm_ready=3,
+                         running=16.0, queue=6.0)
+    d, new = decide_panic(FAST, state, gauges)
+    assert d is not None and d.reason == Reason.PANIC and d.panic
+    # 22 requests need 6 replicas of 4 slots: 2 of the 3 warm ones move, the Deployment's total stays
+    assert (d.serving, d.warm, d.promote) == (6, 1, 2)
+    assert d.total == 7
+    assert new.panic_since == 100.0 and new.last_serving == 6
+    # more queued than warm replicas can carry: still only the Ready warm ones, never a cold start
+    d, _ = decide_panic(FAST, state, gauges.__class__(**{**gauges.to_dict(), "queue": 400.0,
+                                                          "cold_start_samples_s": ()}))
+    assert d is not None and (d.serving, d.warm, d.total) == (7, 0, 7)
+    # the next full decision stays in panic and keeps what the fast path promoted
+    full, _ = decide(FAST, new, obs(105.0, 20.0, 6, running=20.0, queue=0.0, warm_ready=1))
+    assert full.panic and full.serving >= 6
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"queue": 0.0},  # nobody waiting
+        {"queue": None},
+        {"queue": math.nan},
+        {"queue": -5.0},
+        {"stale": True},
+        {"time_s": math.nan},
+        {"warm_ready": 0},  # nothing Ready to promote
+        {"running": 4.0, "queue": 1.0, "serving_ready": 4},  # the Ready serving slots can take them
+    ],
+)
+def test_fast_panic_path_does_nothing_without_a_usable_queue(changes: dict) -> None:
+    state = PolicyState(last_serving=4, last_warm=3)
+    gauges = Observation(**{"time_s": 100.0, "value": None, "current_serving": 4, "serving_ready": 4,
+                            "warm_ready": 3, "running": 16.0, "queue": 6.0, **changes})
+    d, new = decide_panic(FAST, state, gauges)
+    assert d is None and new == state
+    # without concurrency slots configured the queue means nothing
+    assert decide_panic(BASE, state, gauges.__class__(**{**gauges.to_dict(), "queue": 6.0, "stale": False,
+                                                         "cold_start_samples_s": (), "time_s": 100.0}))[0] is None

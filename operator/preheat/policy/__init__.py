@@ -8,6 +8,7 @@ from preheat.policy.autoscaler import Autoscaler, ScalingPolicy
 from preheat.policy.decide import (
     cold_start_s,
     decide,
+    decide_panic,
     is_valid_signal,
     lead_time_s,
     quantile,
@@ -25,6 +26,7 @@ __all__ = [
     "ScalingPolicy",
     "cold_start_s",
     "decide",
+    "decide_panic",
     "is_valid_signal",
     "lead_time_s",
     "quantile",

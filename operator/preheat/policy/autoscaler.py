@@ -12,6 +12,7 @@ from preheat.forecast import Forecaster, forecaster_from_dict, make_forecaster
 from preheat.policy.decide import (
     clean_cold_starts,
     decide_measured,
+    decide_panic,
     is_valid_signal,
     lead_time_s,
     measured_cold_starts,
@@ -86,6 +87,14 @@ class Autoscaler:
             self.config, self.state, obs, forecast_value, forecast_upper, measured, lead
         )
         self.last_decision = decision
+        return decision
+
+    def panic_step(self, obs: Observation) -> Decision | None:
+        """The fast path between steps (every `panic_interval_s`): requests waiting promote Ready
+        warm replicas, nothing else. None when there is nothing to do; the forecaster is not fed."""
+        decision, self.state = decide_panic(self.config, self.state, obs)
+        if decision is not None:
+            self.last_decision = decision
         return decision
 
     # ScalingPolicy

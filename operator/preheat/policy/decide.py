@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from preheat.policy.types import Decision, Observation, PolicyConfig, PolicyState, Reason
 
@@ -261,8 +262,25 @@ def decide_measured(
             serving, reason = clamped, Reason.BOUNDS
 
     warm, total_queue = _warm_pool(config, total_recs, now, serving, upper_need, window)
+    # Burst envelope: on bursty traffic keep serving + warm at the highest short-window need of the
+    # last burst_memory_s (the warm pool is promoted in seconds when the next burst queues).
+    burst_queue, burst_need = state.burst_needs, 0
+    if config.burst_memory_s > 0.0:
+        bursty = panic_need >= config.burst_threshold * max(reactive_need, 1) or (waiting > 0 and present_need > current)
+        burst_queue = _push_max_queue(burst_queue, now, panic_need, config.burst_memory_s) if bursty else tuple(
+            (t, v) for t, v in burst_queue if now - config.burst_memory_s < t <= now)
+        burst_need = _window_max(burst_queue, now, config.burst_memory_s) or 0
+    burst_warm = 0
+    if serving > 0 and burst_need > serving:
+        burst_warm = max(0, min(burst_need - serving, config.warm_pool_max, config.max_replicas - serving))
+    by_burst = burst_warm > warm
+    if by_burst:
+        warm = burst_warm
+        notes.append(f"burst envelope: short-window need {burst_need} within the last {config.burst_memory_s:g}s")
     steady = reason in (Reason.REACTIVE, Reason.FORECAST, Reason.STABILISATION) and serving == prev_serving
-    if steady and warm != prev_warm:
+    if steady and by_burst:
+        reason = Reason.BURST  # serving holds; the burst envelope sets the Deployment's total
+    elif steady and warm != prev_warm:
         reason = Reason.WARM_POOL
 
     detail = (
@@ -299,6 +317,54 @@ def decide_measured(
         total_recommendations=total_queue,
         cold_start_samples_s=measured,
         last_data_s=now,
+        burst_needs=burst_queue,
+    )
+    return decision, new_state
+
+
+def decide_panic(config: PolicyConfig, state: PolicyState, obs: Observation) -> tuple[Decision | None, PolicyState]:
+    """The fast panic path between full decisions: requests waiting promote Ready warm replicas.
+
+    Run every `panic_interval_s` on the model server's gauges alone (`queue`, `running`,
+    `current_serving`, `warm_ready`; `value` is not needed). When requests wait while the slots of
+    what serves now are full, up to that many Ready warm replicas move to serving; the Deployment's
+    total stays what the last decision asked for, so nothing starts cold and nothing is removed,
+    and panic is entered so the next full decision does not scale serving back down. Returns
+    (None, state) when there is nothing to promote (also on a missing, stale or invalid count or
+    time, and without `concurrency_per_replica`): the caller does nothing. Pure, like `decide`.
+    """
+    if config.concurrency_per_replica is None or obs.stale or not _finite(obs.time_s):
+        return None, state
+    now = float(obs.time_s)
+    waiting, present_need = _concurrency_need(config, obs)
+    current = _sanitize_count(obs.current_serving)
+    ready = _sanitize_count(obs.serving_ready)
+    warm_ready = _sanitize_count(obs.warm_ready)
+    prev_serving = state.last_serving if state.last_serving is not None else current
+    prev_warm = state.last_warm if state.last_warm is not None else warm_ready
+    # What the requests present now need beyond the Ready serving replicas, from Ready warm ones.
+    promote = min(max(0, present_need - ready), warm_ready, prev_warm)
+    if waiting <= 0 or promote <= 0:
+        return None, state
+    total = min(prev_serving + prev_warm, config.max_replicas)
+    serving = min(max(prev_serving, current) + promote, total)
+    if serving <= prev_serving:
+        return None, state
+    warm = total - serving
+    panic_since = state.panic_since if state.panic_since is not None else now
+    detail = (
+        f"{Reason.PANIC}: {_fmt(obs.running)} running + {_fmt(waiting)} waiting need {present_need} with "
+        f"{ready} serving Ready; fast path promotes {promote} of {warm_ready} Ready warm replica(s): "
+        f"serving {prev_serving} -> {serving}, warm pool {prev_warm} -> {warm} [panic]"
+    )
+    decision = Decision(
+        serving=serving, warm=warm, reason=Reason.PANIC, detail=detail, panic_need=present_need,
+        lead_time_s=lead_time_s(config, state.cold_start_samples_s), panic=True,
+        promote=min(max(0, serving - current), warm_ready), time_s=now,
+    )
+    new_state = replace(
+        state, last_serving=serving, last_warm=warm, panic_since=panic_since, panic_last_over=now,
+        panic_max=max(state.panic_max, serving),
     )
     return decision, new_state
 

@@ -23,6 +23,7 @@ class Reason(StrEnum):
     WARM_POOL = "warmPool"  # serving unchanged, the warm pool changed
     HOLD = "hold"  # missing, stale or invalid data: keep what we have
     SCALE_TO_ZERO = "scaleToZero"  # no traffic for the grace period and none forecast within lead time
+    BURST = "burst"  # serving unchanged, the warm pool holds the recent bursts' short-window need (envelope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,15 @@ class PolicyConfig:
     # promotes warm replicas (seconds); cold starts come from the rate signals and the forecast.
     # Higher values buy SLO attainment on sub-minute bursts with many more replica-seconds.
     queue_cold_start_rate: float = 0.0
+    # Burst envelope (0 = off): on bursty traffic (a short-window need of at least burst_threshold x
+    # the stable need, or requests waiting while every slot is busy) keep loaded capacity, serving +
+    # warm, at the highest such short-window need of the last burst_memory_s. It lives in the warm
+    # pool (bounded by warm_pool_max and max_replicas) and lapses after burst_memory_s without a burst.
+    burst_memory_s: float = 0.0
+    burst_threshold: float = 1.5
+    # Fast panic path (None = off): between full decisions, every panic_interval_s, requests waiting
+    # while every slot is busy promote Ready warm replicas (`decide_panic`); nothing else changes.
+    panic_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -106,6 +116,8 @@ class PolicyConfig:
         finite("default_cold_start_s", 0.0)
         finite("promotion_s", 0.0)
         finite("queue_cold_start_rate", 0.0)
+        finite("burst_memory_s", 0.0)
+        finite("burst_threshold", 1.0)
         if not out:
             if self.target_utilization > 1.0:
                 out.append(f"target_utilization must be <= 1, got {self.target_utilization!r}")
@@ -127,6 +139,9 @@ class PolicyConfig:
         c = self.concurrency_per_replica
         if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0):
             out.append(f"concurrency_per_replica must be None or a positive number, got {c!r}")
+        pi = self.panic_interval_s
+        if pi is not None and (isinstance(pi, bool) or not isinstance(pi, int | float) or not math.isfinite(pi) or pi <= 0):
+            out.append(f"panic_interval_s must be None or a positive number, got {pi!r}")
         h = self.horizon_override_s
         if h is not None and (isinstance(h, bool) or not isinstance(h, int | float) or not math.isfinite(h) or h < 0):
             out.append(f"horizon_override_s must be None or a non-negative number, got {h!r}")
@@ -252,18 +267,21 @@ class PolicyState:
     # Time of the last decision made on fresh data. A gap (holds in between) does not age the
     # stabilisation windows: the window measures observed time (see decide._resume_after_gap).
     last_data_s: float | None = None
+    # (time, short-window need) of recent bursts, a monotone max-queue over burst_memory_s.
+    burst_needs: tuple[tuple[float, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["serving_recommendations"] = [list(r) for r in self.serving_recommendations]
         d["total_recommendations"] = [list(r) for r in self.total_recommendations]
+        d["burst_needs"] = [list(r) for r in self.burst_needs]
         d["cold_start_samples_s"] = list(self.cold_start_samples_s)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyState:
         d = dict(d)
-        for key in ("serving_recommendations", "total_recommendations"):
+        for key in ("serving_recommendations", "total_recommendations", "burst_needs"):
             d[key] = tuple((float(t), int(n)) for t, n in d.get(key, ()))
         d["cold_start_samples_s"] = tuple(float(x) for x in d.get("cold_start_samples_s", ()))
         return cls(**d)

@@ -54,3 +54,27 @@ def test_preheat_promotes_from_its_warm_pool(tmp_path):
     hpa = simulate(w, make_policy("hpa", s, w, c), c, s)
     assert hpa.replica_seconds_by_state["warm"] == 0 and hpa.promotions == 0
     assert pre.ramp_lead_s is not None and len(pre.ramp_lead_s) >= 2
+
+
+def test_preheat_fast_panic_path_promotes_warm_replicas_between_decisions(tmp_path):
+    # quiet traffic with short bursts: queued requests promote the warm pool every 3 s in between
+    # the 15 s decisions, without changing the Deployment's total (no cold start from the fast path)
+    rng = np.random.default_rng(3)
+    times = poisson_steps(rng, [(200, 1.0), (8, 25.0), (150, 1.0), (8, 25.0), (150, 1.0)])
+    path = write_requests(tmp_path / "bursts.csv", times, inp=400, out=40)
+    runs = {}
+    for fast in (None, 3.0):
+        s = SimSettings(slots=1, preheat_overrides={"warm_pool_min": 3, "warm_pool_max": 3, "panic_interval_s": fast,
+                                                    "burst_memory_s": 0.0})
+        w = prepare_workload(load_trace(path), s)
+        c = load_cold_start("30")
+        runs[fast] = simulate(w, make_policy("preheat", s, w, c), c, s)
+    tl = runs[3.0].timeline
+    off_grid = np.nonzero(np.mod(tl["t"], 15.0) > 1e-9)[0]
+    assert len(off_grid) > 0 and runs[3.0].promotions > 0
+    totals = tl["desired_serving"] + tl["desired_warm"]
+    for k in off_grid:
+        assert k > 0 and totals[k] == totals[k - 1]  # promotions only: the total stays
+        assert tl["desired_serving"][k] > tl["desired_serving"][k - 1]
+    assert np.all(np.mod(runs[None].timeline["t"], 15.0) < 1e-9)  # off: decisions on the 15 s grid only
+    assert runs[3.0].reasons.get("panic", 0) > runs[None].reasons.get("panic", 0)

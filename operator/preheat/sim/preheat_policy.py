@@ -24,6 +24,8 @@ SIM_DEFAULTS: dict[str, Any] = {
     "warm_pool_min": 0,
     "warm_pool_max": 3,
     "quantile": 0.8,
+    "burst_memory_s": 120.0,
+    "panic_interval_s": 3.0,
 }
 
 
@@ -58,6 +60,8 @@ class PreheatPolicy:
         except TypeError as e:  # an unknown --preheat key
             raise ValueError(f"--preheat: {e}") from None
         self.interval_s = self.config.decision_interval_s
+        # The fast panic path between decisions (per-request traces: it reads the queue gauges).
+        self.panic_interval_s = self.config.panic_interval_s
         self.autoscaler = Autoscaler(self.config, make_forecaster(self.forecaster_kind, step_s=self.interval_s))
 
     def _per_request(self) -> bool:
@@ -71,3 +75,6 @@ class PreheatPolicy:
 
     def decide(self, obs: Observation) -> Decision:
         return self.autoscaler.step(obs)
+
+    def panic_decide(self, obs: Observation) -> Decision | None:
+        return self.autoscaler.panic_step(obs)

@@ -304,6 +304,15 @@ def _observation(
     )
 
 
+def _gauges(now: float, pool: ReplicaPool, queue: float, running: float) -> Observation:
+    """What the fast panic path reads: pod counts and the model server's gauges, no rate signal."""
+    return Observation(
+        time_s=now, value=None, serving_ready=pool.serving_ready, warm_ready=pool.warm_ready,
+        starting=pool.starting, current_serving=pool.current_serving,
+        cold_start_samples_s=tuple(pool.observed_cold_starts), queue=queue, running=running,
+    )
+
+
 def _context(w: Workload, s: SimSettings, sampler) -> SimContext:
     return SimContext(w.target_per_replica, s.target_utilization, w.curve_t, w.curve_rate, w.peak_rate,
                       w.initial_rate, sampler, s.max_replicas)
@@ -371,7 +380,7 @@ def _violations_timeline(arrivals: np.ndarray, bad: np.ndarray, weights: np.ndar
 
 # --- per-request engine ----------------------------------------------------------------------------------
 
-_DONE, _WAKE, _DECIDE = 0, 1, 2
+_DONE, _WAKE, _DECIDE, _PANIC = 0, 1, 2, 3
 
 
 def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recorder):
@@ -414,6 +423,11 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
             push(t, _WAKE, None)
 
     push(0.0, _DECIDE, None)
+    # A policy with a fast panic path (Preheat's panic_interval_s) is also asked every
+    # panic_interval_s between decisions, on the model server's gauges only.
+    panic_s = getattr(policy, "panic_interval_s", None)
+    if panic_s is not None and panic_s < policy.interval_s:
+        push(panic_s, _PANIC, None)
     i = 0
     while True:
         t_arr = arrivals[i] if i < n else math.inf
@@ -448,6 +462,19 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
             if pool.advance(now):
                 fill(now)
             wake()
+        elif kind == _PANIC:
+            if i >= n and not queue:
+                continue
+            running = float(sum(r.busy for r in pool.replicas.values() if r.state == SERVING))
+            obs = _gauges(now, pool, float(len(queue)), running)
+            d = policy.panic_decide(obs)
+            if d is not None:
+                pool.apply(now, d.serving, d.warm)
+                rec.record(now, obs, d, pool)
+                if pool.advance(now):
+                    fill(now)
+                wake()
+            push(now + panic_s, _PANIC, None)
         else:  # decide
             if i >= n and not queue:
                 continue  # trace over and everyone served: stop ticking

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from preheat.controller import status as st
 from preheat.controller.brain import policy_config
 from preheat.controller.observe import PrometheusSource, duration_s, signal_queries
 from preheat.controller.spec import parse_spec
+from preheat.policy import PolicyConfig
 
 
 def test_transition_time_moves_only_when_status_flips():
@@ -44,8 +46,21 @@ def test_policy_config_from_spec_and_reactive_only():
     cfg = policy_config(spec)
     assert (cfg.min_replicas, cfg.max_replicas, cfg.target_per_replica) == (2, 6, 3.0)
     assert cfg.forecasting and cfg.warm_pool_min == 1
+    assert cfg.burst_memory_s == 0.0 and cfg.burst_threshold == PolicyConfig().burst_threshold  # off, same default
     reactive = policy_config(spec, reactive_only=True)
     assert not reactive.forecasting and reactive.warm_pool_max == 0
+
+
+def test_burst_envelope_from_spec_and_off_when_reactive_only():
+    spec = parse_spec({"model": {"builtin": "tiny"},
+                       "scaling": {"warmPool": {"max": 3, "burstMemorySeconds": 120, "burstThreshold": 2}}})
+    cfg = policy_config(spec)
+    assert (cfg.burst_memory_s, cfg.burst_threshold, cfg.warm_pool_max) == (120.0, 2.0, 3)
+    reactive = policy_config(spec, reactive_only=True)
+    assert reactive.burst_memory_s == 0.0 and reactive.warm_pool_max == 0
+    for bad in ({"burstMemorySeconds": -1}, {"burstMemorySeconds": 3601}, {"burstThreshold": 0.5}):
+        with pytest.raises(ValueError):
+            parse_spec({"model": {"builtin": "tiny"}, "scaling": {"warmPool": bad}})
     assert duration_s("20s") == 20 and duration_s("1m") == 60
 
 

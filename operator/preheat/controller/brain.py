@@ -20,8 +20,8 @@ log = logging.getLogger("preheat.brain")
 
 def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
                   interval_s: float | None = None) -> PolicyConfig:
-    """The policy's configuration for one endpoint. Reactive-only disables forecasts and the warm pool;
-    `interval_s` is the operator's --interval override of the decision interval."""
+    """The policy's configuration for one endpoint. Reactive-only disables forecasts, the warm pool and the
+    burst envelope; `interval_s` is the operator's --interval override of the decision interval."""
     s = spec.scaling
     stable = duration_s(spec.prometheus.window)
     panic = min(duration_s(spec.prometheus.panic_window), stable)
@@ -38,6 +38,9 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
         scale_down_stabilization_s=float(s.scale_down_stabilization_seconds),
         warm_pool_min=0 if reactive_only else s.warm_pool.min,
         warm_pool_max=0 if reactive_only else s.warm_pool.max,
+        # The burst envelope lives in the warm pool: off with it in reactive-only mode.
+        burst_memory_s=0.0 if reactive_only else float(s.warm_pool.burst_memory_seconds),
+        burst_threshold=s.warm_pool.burst_threshold,
         scale_to_zero=s.scale_to_zero,
         # A replica's slots: lets the policy see a burst in the queue before the rate window does
         # (it promotes warm replicas at once; cold starts still follow the rate and the forecast).

@@ -238,6 +238,17 @@ class WarmPoolSpec(_Model):
 
     min: int = Field(default=1, ge=0, le=1000)
     max: int = Field(default=2, ge=0, le=1000)
+    burst_memory_seconds: int = Field(
+        default=0, ge=0, le=3600,
+        description="Burst envelope (0 = off): on bursty traffic keep serving + warm at the highest short-window "
+        "need of the last this-many seconds; the extra replicas wait in the warm pool (capped by max) and are "
+        "promoted in seconds when the next burst queues. Lapses this long after the last burst.",
+    )
+    burst_threshold: float = Field(
+        default=1.5, ge=1.0, le=10.0,  # PolicyConfig.burst_threshold (a test keeps them equal)
+        description="A decision is a burst when the short-window (panic window) need is at least this many "
+        "times the stable-window need, or requests wait while every slot is busy.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> WarmPoolSpec:

@@ -25,7 +25,9 @@ SIM_DEFAULTS: dict[str, Any] = {
     "warm_pool_max": 3,
     "quantile": 0.8,
     "burst_memory_s": 120.0,
-    "panic_interval_s": 3.0,
+    # The fast panic path stays off: the operator has no loop between decisions yet (docs/simulator.md),
+    # and the simulator evaluates only what the operator can run. `--preheat panic_interval_s=3` tries it.
+    "panic_interval_s": None,
 }
 
 

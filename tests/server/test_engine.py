@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 from preheat_server.engine import EngineConfig, LLMEngine, SamplingParams
+from preheat_server.engine.attention import decode_groups
 from preheat_server.engine.scheduler import ItlController
 from preheat_server.models import load_model
 
@@ -96,6 +97,36 @@ def test_concurrent_requests_equal_alone(tiny, concurrency):
     together = engine.generate(prompts, params)
     assert together == alone
     assert len({tuple(o) for o in together}) > 1 or concurrency == 1  # not a degenerate model
+    assert_idle_and_leak_free(engine)
+
+
+def test_decode_groups_split_where_padding_would_exceed_half():
+    # Sorted longest first; a new group starts at <= half the group's longest, at most max_groups.
+    assert decode_groups([10, 9, 5, 5, 4, 1]) == [(0, 2), (2, 3), (5, 1)]
+    assert decode_groups([7, 7, 6]) == [(0, 3)]
+    assert decode_groups([64, 32, 16, 8, 4, 2], max_groups=3) == [(0, 1), (1, 1), (2, 4)]
+    assert decode_groups([]) == []
+
+
+def test_decodes_of_very_different_lengths_in_groups_equal_alone(tiny, monkeypatch):
+    """One long sequence decoding beside short ones: the decodes run in several groups, same tokens."""
+    import preheat_server.engine.model_runner as mr
+
+    seen: list[list[tuple[int, int]]] = []
+
+    def spy(num_blocks, max_groups=4):
+        groups = decode_groups(num_blocks, max_groups)
+        seen.append(groups)
+        return groups
+
+    monkeypatch.setattr(mr, "decode_groups", spy)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 1024) for _ in range(n)] for n in (400, 3, 20, 150, 40, 9, 70)]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    alone = [make_engine(tiny, enable_prefix_caching=False).generate([p], params)[0] for p in prompts]
+    engine = make_engine(tiny, enable_prefix_caching=False)
+    assert engine.generate(prompts, params) == alone
+    assert max(len(g) for g in seen) >= 3  # the long, middle and short sequences were split
     assert_idle_and_leak_free(engine)
 
 

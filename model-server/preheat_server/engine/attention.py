@@ -1,7 +1,10 @@
 """Attention over the paged KV cache: write this step's K/V into its slots, read context through block tables.
 
 Single-token decodes are batched: their blocks are gathered into a padded [B, L] view and one masked
-SDPA call serves them all. Prefill chunks (more than one query token) are batched the same way: their
+SDPA call serves a group of them. Decodes are grouped by context length (longest first, see
+``decode_groups``) so one long conversation does not make every short one gather and attend over its
+length: padding to the longest context of the whole batch cost more than the weights' GEMMs at c=32
+on mixed-length traffic. Prefill chunks (more than one query token) are batched the same way: their
 query rows and context slots are padded to [P, max chunk] / [P, max context] and one masked SDPA call
 serves every chunk of the step, causally. All index tensors and masks are built once per step (by the
 model runner), not once per layer. Grouped-query attention is computed without copying K/V per query
@@ -14,6 +17,31 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class DecodeGroup:
+    """Consecutive decode rows ``start .. start + count`` whose blocks are gathered together."""
+
+    start: int
+    count: int
+    block_tables: torch.Tensor  # [count, max_blocks] of this group (pad: block 0)
+    mask: torch.Tensor  # [count, 1, 1, max_blocks * block_size] bool: key slot < context length
+
+
+def decode_groups(num_blocks: list[int], max_groups: int = 4) -> list[tuple[int, int]]:
+    """Split decodes sorted by context length (blocks, longest first) into (start, count) runs.
+
+    A new group starts when a sequence needs at most half the blocks of its group's longest, so each
+    gather pads less than half of its rows; at most ``max_groups`` groups (each one is an extra
+    index_select + SDPA per layer)."""
+    groups: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(num_blocks) + 1):
+        if i == len(num_blocks) or (2 * num_blocks[i] <= num_blocks[start] and len(groups) < max_groups - 1):
+            groups.append((start, i - start))
+            start = i
+    return groups
 
 
 @dataclass
@@ -39,15 +67,13 @@ class PagedAttention:
         v_caches: list[torch.Tensor],
         slot_mapping: torch.Tensor,
         num_decodes: int,
-        decode_block_tables: torch.Tensor | None,
-        decode_mask: torch.Tensor | None,
+        decode_groups: list[DecodeGroup],
         prefill: PrefillBatch | None,
     ):
         self.k_caches, self.v_caches = k_caches, v_caches
         self.slot_mapping = slot_mapping
-        self.num_decodes = num_decodes
-        self.decode_block_tables = decode_block_tables  # [B, max_blocks]
-        self.decode_mask = decode_mask  # [B, 1, 1, max_blocks * block_size]
+        self.num_decodes = num_decodes  # the first rows of the step; covered by decode_groups in order
+        self.decode_groups = decode_groups
         self.prefill = prefill
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -60,21 +86,21 @@ class PagedAttention:
         v_flat.index_copy_(0, self.slot_mapping, v.to(vc.dtype))
         b = self.num_decodes
         p = self.prefill
-        if b and p is None and b == q.shape[0]:
-            out = None  # decode-only step: SDPA's output is the whole result
+        if b and p is None and b == q.shape[0] and len(self.decode_groups) == 1:
+            out = None  # decode-only step in one group: SDPA's output is the whole result
         else:
             out = torch.empty_like(q)
-        if b:
-            bt = self.decode_block_tables
+        for grp in self.decode_groups:
+            n = grp.count
             # index_select copies whole blocks (memcpy per block); kc[bt] took ~4x longer on CPU.
-            flat_bt = bt.view(-1)
-            kg = kc.index_select(0, flat_bt).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
-            vg = vc.index_select(0, flat_bt).view(b, -1, hkv, d).transpose(1, 2)
-            qd = q[:b].view(b, hkv, g, d)  # query heads of one KV group side by side
-            o = F.scaled_dot_product_attention(qd, kg, vg, attn_mask=self.decode_mask).reshape(b, h, d)
+            flat_bt = grp.block_tables.view(-1)
+            kg = kc.index_select(0, flat_bt).view(n, -1, hkv, d).transpose(1, 2)  # [n, Hkv, L, D]
+            vg = vc.index_select(0, flat_bt).view(n, -1, hkv, d).transpose(1, 2)
+            qd = q[grp.start : grp.start + n].view(n, hkv, g, d)  # query heads of one KV group side by side
+            o = F.scaled_dot_product_attention(qd, kg, vg, attn_mask=grp.mask).reshape(n, h, d)
             if out is None:
                 return o
-            out[:b] = o
+            out[grp.start : grp.start + n] = o
         if p is not None:
             n_p, max_len = p.q_rows.shape
             max_ctx = p.kv_slots.shape[1]

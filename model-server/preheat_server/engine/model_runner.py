@@ -7,7 +7,7 @@ import os
 import torch
 
 from ..models.loader import LoadedModel
-from .attention import PagedAttention, PrefillBatch
+from .attention import DecodeGroup, PagedAttention, PrefillBatch, decode_groups
 from .sampler import sample
 from .sequence import Sequence
 
@@ -49,8 +49,8 @@ class ModelRunner:
         """Compute ``n`` new tokens of each (seq, n); return {request_id: sampled token} for sequences
         whose chunk reached the end of their tokens."""
         bs = self.block_size
-        # Single-token steps first: they form the batched decode group.
-        batch = sorted(batch, key=lambda x: x[1] > 1)
+        # Single-token steps first, longest context first: they form the batched decode groups.
+        batch = sorted(batch, key=lambda x: (x[1] > 1, -x[0].num_computed_tokens if x[1] == 1 else 0))
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -79,20 +79,24 @@ class ModelRunner:
                 logit_rows.append(start + n - 1)
                 samplers.append(seq)
         b = len(decode_tables)
-        dec_bt = dec_mask = None
-        if b:
-            maxb = max(len(t) for t in decode_tables)
-            dec_bt = self._tensor([t + [0] * (maxb - len(t)) for t in decode_tables]).view(b, maxb)
-            k_idx = torch.arange(maxb * bs, device=self.device)
-            dec_mask = (k_idx[None, :] < self._tensor(decode_ctx)[:, None]).view(b, 1, 1, maxb * bs)
+        groups = [self._decode_group(start, decode_tables[start : start + n], decode_ctx[start : start + n])
+                  for start, n in decode_groups([len(t) for t in decode_tables])]
         prefill = self._prefill_batch(prefills) if prefills else None
-        backend = PagedAttention(self.k_caches, self.v_caches, self._tensor(slots), b, dec_bt, dec_mask, prefill)
+        backend = PagedAttention(self.k_caches, self.v_caches, self._tensor(slots), b, groups, prefill)
         hidden = self.model.hidden_states(self._tensor(ids), self._tensor(pos), backend)
         if not samplers:
             return {}
         logits = self.model.compute_logits(hidden[self._tensor(logit_rows)])
         tokens = sample(logits, samplers)
         return {s.request_id: t for s, t in zip(samplers, tokens, strict=True)}
+
+    def _decode_group(self, start: int, tables: list[list[int]], ctx: list[int]) -> DecodeGroup:
+        """Block tables padded to the group's longest, and the mask of each row's real keys."""
+        n, maxb = len(tables), max(len(t) for t in tables)
+        bt = self._tensor([t + [0] * (maxb - len(t)) for t in tables]).view(n, maxb)
+        k_idx = torch.arange(maxb * self.block_size, device=self.device)
+        mask = (k_idx[None, :] < self._tensor(ctx)[:, None]).view(n, 1, 1, maxb * self.block_size)
+        return DecodeGroup(start, n, bt, mask)
 
     def _prefill_batch(self, prefills: list[tuple[int, int, int, list[int]]]) -> PrefillBatch:
         """Pads every prefill chunk of the step to one [P, max_len] x [P, max_ctx] attention problem."""

@@ -133,18 +133,17 @@ class PolicyConfig:
             q = getattr(self, name)
             if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 < q < 1.0:
                 out.append(f"{name} must be strictly between 0 and 1, got {q!r}")
-        w = self.forecast_window_s
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0):
-            out.append(f"forecast_window_s must be None or a non-negative number, got {w!r}")
-        c = self.concurrency_per_replica
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0):
-            out.append(f"concurrency_per_replica must be None or a positive number, got {c!r}")
-        pi = self.panic_interval_s
-        if pi is not None and (isinstance(pi, bool) or not isinstance(pi, int | float) or not math.isfinite(pi) or pi <= 0):
-            out.append(f"panic_interval_s must be None or a positive number, got {pi!r}")
-        h = self.horizon_override_s
-        if h is not None and (isinstance(h, bool) or not isinstance(h, int | float) or not math.isfinite(h) or h < 0):
-            out.append(f"horizon_override_s must be None or a non-negative number, got {h!r}")
+        def optional(name: str, positive: bool) -> None:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                                  or (v <= 0 if positive else v < 0)):
+                kind = "a positive" if positive else "a non-negative"
+                out.append(f"{name} must be None or {kind} number, got {v!r}")
+
+        optional("forecast_window_s", positive=False)
+        optional("concurrency_per_replica", positive=True)
+        optional("panic_interval_s", positive=True)
+        optional("horizon_override_s", positive=False)
         return out
 
     @property

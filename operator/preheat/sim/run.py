@@ -296,21 +296,24 @@ def _observation(
     now: float, sig: _Signal, view: MetricView, pool: ReplicaPool, queue: float, running: float | None = None
 ) -> Observation:
     stable, panic = sig.observe(now, view)
+    return _gauges(now, pool, queue, running, value=stable, value_panic=panic)
+
+
+def _gauges(now: float, pool: ReplicaPool, queue: float, running: float | None,
+            value: float | None = None, value_panic: float | None = None) -> Observation:
+    """Pod counts and the model server's gauges; the rate signal only when a full decision reads it
+    (the fast panic path reads the gauges alone)."""
     return Observation(
-        time_s=now, value=stable, value_panic=panic, stale=False,
+        time_s=now, value=value, value_panic=value_panic, stale=False,
         serving_ready=pool.serving_ready, warm_ready=pool.warm_ready, starting=pool.starting,
         current_serving=pool.current_serving, cold_start_samples_s=tuple(pool.observed_cold_starts), queue=queue,
         running=running,
     )
 
 
-def _gauges(now: float, pool: ReplicaPool, queue: float, running: float) -> Observation:
-    """What the fast panic path reads: pod counts and the model server's gauges, no rate signal."""
-    return Observation(
-        time_s=now, value=None, serving_ready=pool.serving_ready, warm_ready=pool.warm_ready,
-        starting=pool.starting, current_serving=pool.current_serving,
-        cold_start_samples_s=tuple(pool.observed_cold_starts), queue=queue, running=running,
-    )
+def _running(pool: ReplicaPool) -> float:
+    """Requests in a slot of a serving replica (vllm:num_requests_running summed over the Service)."""
+    return float(sum(r.busy for r in pool.replicas.values() if r.state == SERVING))
 
 
 def _context(w: Workload, s: SimSettings, sampler) -> SimContext:
@@ -465,8 +468,7 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
         elif kind == _PANIC:
             if i >= n and not queue:
                 continue
-            running = float(sum(r.busy for r in pool.replicas.values() if r.state == SERVING))
-            obs = _gauges(now, pool, float(len(queue)), running)
+            obs = _gauges(now, pool, float(len(queue)), _running(pool))
             d = policy.panic_decide(obs)
             if d is not None:
                 pool.apply(now, d.serving, d.warm)
@@ -479,8 +481,7 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
             if i >= n and not queue:
                 continue  # trace over and everyone served: stop ticking
             # the model server's gauges: requests in a slot (running) and waiting for one (queue)
-            running = float(sum(r.busy for r in pool.replicas.values() if r.state == SERVING))
-            obs = _observation(now, sig, policy.metrics, pool, float(len(queue)), running)
+            obs = _observation(now, sig, policy.metrics, pool, float(len(queue)), _running(pool))
             d = policy.decide(obs)
             pool.apply(now, d.serving, d.warm)
             rec.record(now, obs, d, pool)

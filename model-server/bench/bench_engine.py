@@ -8,6 +8,9 @@ One run, one machine, one model (``small`` by default), side by side:
     TTFT includes waiting for the ones before it) and in one static padded batch;
   * decode tokens/s with the paged KV cache vs full recompute at 512 tokens of context;
   * weight bytes for fp32, bf16, int8, int4.
+On CPU the engine's linears run through oneDNN on weights prepacked at load (the server's default);
+each round also runs the engine with aten's plain ``F.linear`` (``engine_plain_linears``, the same
+model) so the JSON shows what prepacking adds next to what batching adds (``--no-plain-linears`` skips it).
 Requests have mixed prompt lengths and mixed ``max_tokens`` (seeded), greedy, EOS ignored.
 
 On a shared machine the load drifts within minutes, so each concurrency level runs the three systems
@@ -34,6 +37,7 @@ from pathlib import Path
 import torch
 from preheat_server.engine import EngineConfig, LLMEngine, SamplingParams
 from preheat_server.models import load_model
+from preheat_server.models.cpu_gemm import PackedLinear
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -224,9 +228,13 @@ def kv_vs_recompute(loaded, context: int, decode_tokens: int) -> dict:
 SYSTEMS = ("engine", "hf_one_at_a_time", "hf_static_batch")
 
 
-def run_level(loaded, hf, reqs, c: int, rounds: int, max_num_batched_tokens: int) -> dict:
-    """The three systems interleaved ``rounds`` times; medians over rounds (see the module docstring)."""
+def run_level(loaded, hf, reqs, c: int, rounds: int, max_num_batched_tokens: int, plain=None) -> dict:
+    """The three systems interleaved ``rounds`` times; medians over rounds (see the module docstring).
+
+    ``plain``: the same model with aten's F.linear instead of prepacked oneDNN linears; when given, the
+    engine also runs on it in every round (``engine_plain_linears``), to show what prepacking adds."""
     row: dict = {"requests": c, "rounds": []}
+    systems = SYSTEMS + (("engine_plain_linears",) if plain is not None else ())
     for r in range(rounds):
         rd: dict = {"round": r + 1, "loadavg_start": loadavg(),
                     "start_utc": datetime.now(UTC).isoformat(timespec="seconds")}
@@ -234,6 +242,10 @@ def run_level(loaded, hf, reqs, c: int, rounds: int, max_num_batched_tokens: int
             rd["engine"] = run_engine(loaded, reqs, max(c, 1), max_num_batched_tokens)
             rd["hf_one_at_a_time"] = run_hf_serial(hf, reqs)
             rd["hf_static_batch"] = run_hf_static(hf, reqs)
+            if plain is not None:
+                rd["engine_plain_linears"] = run_engine(plain, reqs, max(c, 1), max_num_batched_tokens)
+                rd["speedup_prepacked_vs_plain_linears"] = (rd["engine"]["tokens_per_s"]
+                                                            / rd["engine_plain_linears"]["tokens_per_s"])
         rd["speedup_vs_one_at_a_time"] = rd["engine"]["tokens_per_s"] / rd["hf_one_at_a_time"]["tokens_per_s"]
         rd["speedup_vs_static_batch"] = rd["engine"]["tokens_per_s"] / rd["hf_static_batch"]["tokens_per_s"]
         row["rounds"].append(rd)
@@ -241,10 +253,11 @@ def run_level(loaded, hf, reqs, c: int, rounds: int, max_num_batched_tokens: int
               f"{rd['engine']['tokens_per_s']:.1f} tok/s, one-at-a-time {rd['hf_one_at_a_time']['tokens_per_s']:.1f}, "
               f"static {rd['hf_static_batch']['tokens_per_s']:.1f} -> {rd['speedup_vs_one_at_a_time']:.2f}x, "
               f"{rd['speedup_vs_static_batch']:.2f}x", flush=True)
-    for name in SYSTEMS:  # the system's median-throughput round (upper median for an even count)
+    for name in systems:  # the system's median-throughput round (upper median for an even count)
         ranked = sorted(row["rounds"], key=lambda rd, name=name: rd[name]["tokens_per_s"])
         row[name] = ranked[len(ranked) // 2][name]
-    for key in ("speedup_vs_one_at_a_time", "speedup_vs_static_batch"):
+    keys = ("speedup_vs_one_at_a_time", "speedup_vs_static_batch")
+    for key in keys + (("speedup_prepacked_vs_plain_linears",) if plain is not None else ()):
         vals = [rd[key] for rd in row["rounds"]]
         row[key] = statistics.median(vals)
         row[key.replace("speedup", "min_speedup")] = min(vals)
@@ -304,6 +317,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per concurrency level (>= 1)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
                     help="engine token budget per step (default: the engine's and the server's default)")
+    ap.add_argument("--no-plain-linears", action="store_true",
+                    help="CPU: skip the engine run on aten F.linear beside the oneDNN-prepacked default")
     ap.add_argument("--out", type=Path, default=Path("bench-results/engine.json"))
     args = ap.parse_args()
     if args.rounds < 1:
@@ -321,6 +336,10 @@ def main() -> None:
     loaded = load_model(args.model, device=args.device, precision=args.precision)
     import transformers
 
+    packed = sum(isinstance(m, PackedLinear) for m in loaded.model.modules())
+    plain = None
+    if packed and not args.no_plain_linears:
+        plain = load_model(args.model, device=args.device, precision=args.precision, prepack=False)
     hf = transformers.LlamaForCausalLM.from_pretrained(str(loaded.path), dtype=loaded.dtype).to(loaded.device)
     hf.eval()
     result: dict = {
@@ -328,6 +347,8 @@ def main() -> None:
         "threads": args.threads, "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": platform.machine(), "cpu_count": torch.get_num_threads(),
         "load_seconds": loaded.load_seconds, "workloads": {},
+        "engine_linears": (f"oneDNN, weights prepacked at load ({packed} layers)" if packed
+                           else "aten F.linear"),
         "os_cpu_count": os.cpu_count(), "rounds": args.rounds, "max_num_batched_tokens": args.max_num_batched_tokens,
         "start_utc": utc_start, "loadavg_start": load_start,
     }
@@ -339,7 +360,7 @@ def main() -> None:
         wl: dict = {"workload": workload_description(args, name), "concurrency": {}}
         for c in args.concurrency:
             reqs = make_requests(args, name, c, loaded.config.vocab_size, loaded.config.max_position_embeddings)
-            row = run_level(loaded, hf, reqs, c, args.rounds, args.max_num_batched_tokens)
+            row = run_level(loaded, hf, reqs, c, args.rounds, args.max_num_batched_tokens, plain)
             row["prompt_tokens"] = sum(len(p) for p, _ in reqs)
             row["output_tokens_requested"] = sum(n for _, n in reqs)
             row["longest_prompt"], row["longest_output"] = max(len(p) for p, _ in reqs), max(n for _, n in reqs)
@@ -352,7 +373,7 @@ def main() -> None:
     with torch.inference_mode():
         result["kv_cache_vs_recompute"] = kv_vs_recompute(loaded, args.context, decode_tokens=16)
     print("kv vs recompute:", result["kv_cache_vs_recompute"], flush=True)
-    del hf
+    del hf, plain
     sizes = {}
     for p in ("fp32", "bf16", "int8", "int4"):
         dev = "cpu" if loaded.device.type == "cpu" else str(loaded.device)

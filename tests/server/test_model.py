@@ -19,6 +19,7 @@ from preheat_server.models.builtin import (
     train_tokenizer,
     write_builtin,
 )
+from preheat_server.models.cpu_gemm import PackedLinear, pack_linear, prepack_available
 from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers", reason="transformers is the dev-extra reference")
@@ -86,8 +87,9 @@ def test_logits_match_transformers_on_variants(tmp_path, tokenizer_obj, changes)
 def test_fused_projections_equal_the_unfused_model(tmp_path, tokenizer_obj, changes):
     """q/k/v and gate/up fused at load time: same logits, same greedy tokens, same bytes, HF names on disk."""
     folder = variant_folder(tmp_path, tokenizer_obj, **changes)
-    fused = load_model(str(folder), device="cpu", precision="fp32")
-    plain = load_model(str(folder), device="cpu", precision="fp32", fuse=False)
+    # prepack=False: this test reads the fused weights, which oneDNN's reordered copies hide.
+    fused = load_model(str(folder), device="cpu", precision="fp32", prepack=False)
+    plain = load_model(str(folder), device="cpu", precision="fp32", fuse=False, prepack=False)
     attn, mlp = fused.model.model.layers[0].self_attn, fused.model.model.layers[0].mlp
     assert fused.model.is_fused and not plain.model.is_fused
     assert not hasattr(attn, "q_proj") and not hasattr(mlp, "gate_proj")
@@ -109,6 +111,50 @@ def test_fused_projections_equal_the_unfused_model(tmp_path, tokenizer_obj, chan
             == LLMEngine(plain, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy))
     # The folder on disk keeps Hugging Face's names: transformers still loads it and agrees.
     torch.testing.assert_close(a[0], hf_logits(folder, PROMPT * 3), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("changes", [{}, {"tie_word_embeddings": True, "attention_bias": True}],
+                         ids=["untied", "tied-bias"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_prepacked_cpu_linears_equal_the_plain_ones(tmp_path, tokenizer_obj, changes, precision):
+    """oneDNN-prepacked linears (the CPU default): same logits within GEMM rounding, same greedy tokens,
+    same weight bytes; a tied lm_head stays the embedding's plain table."""
+    if not prepack_available():
+        pytest.fail("this torch build has no oneDNN linear ops; the CPU default cannot be tested")
+    folder = variant_folder(tmp_path, tokenizer_obj, **changes)
+    packed = load_model(str(folder), device="cpu", precision=precision)
+    plain = load_model(str(folder), device="cpu", precision=precision, prepack=False)
+    layer = packed.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, PackedLinear) and isinstance(layer.mlp.down_proj, PackedLinear)
+    assert (layer.self_attn.qkv_proj.bias is not None) == bool(changes.get("attention_bias"))
+    tied = bool(changes.get("tie_word_embeddings"))
+    assert isinstance(packed.model.lm_head, torch.nn.Linear) == tied
+    if tied:
+        assert packed.model.lm_head.weight is packed.model.model.embed_tokens.weight
+    assert packed.weight_bytes == plain.weight_bytes > 0
+    ids = torch.tensor([PROMPT * 3])
+    a, b = packed.model.forward_dense(ids), plain.model.forward_dense(ids)
+    tol = 1e-4 if precision == "fp32" else 5e-2
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    if precision == "fp32":
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        prompts = [PROMPT, PROMPT[:7], PROMPT * 2]
+        greedy = SamplingParams(max_tokens=10, ignore_eos=True)
+        assert (LLMEngine(packed, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy)
+                == LLMEngine(plain, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy))
+
+
+def test_pack_linear_declines_what_onednn_should_not_run():
+    """fp16 and int weights stay plain (None); a packed row does not depend on the rest of the batch."""
+    assert pack_linear(torch.nn.Linear(64, 48).half()) is None
+    lin = torch.nn.Linear(64, 48)
+    twin = pack_linear(lin)
+    assert twin is not None and not hasattr(twin, "weight")
+    x = torch.randn(40, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(twin(x), lin(x), rtol=1e-5, atol=1e-5)
+        assert torch.equal(twin(x)[:1], twin(x[:1]))
+        assert twin(x.view(5, 8, 64)).shape == (5, 8, 48)
 
 
 def test_sharded_checkpoint_loads_the_same_weights(tmp_path, tokenizer_obj):
@@ -181,7 +227,7 @@ def test_builtin_generation_is_deterministic_and_cached(tmp_path, monkeypatch):
 
 
 def test_loaded_model_fields():
-    loaded = load_model("tiny", device="cpu", precision="bf16")
+    loaded = load_model("tiny", device="cpu", precision="bf16", prepack=False)  # counts parameters below
     assert loaded.name == "tiny" and loaded.precision == "bf16" and loaded.dtype == torch.bfloat16
     assert loaded.device == torch.device("cpu") and loaded.load_seconds > 0
     n_params = sum(p.numel() for p in loaded.model.parameters())

@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from .builtin import BUILTIN_SPECS, ensure_builtin
 from .config import ModelConfig
+from .cpu_gemm import prepack_linears
 from .llama import LlamaForCausalLM
 from .tokenizer import Tokenizer
 
@@ -128,12 +129,14 @@ def weight_bytes(module: torch.nn.Module) -> int:
 
 
 def load_model(name_or_path: str, device: str = "auto", precision: str | None = None,
-               fuse: bool = True) -> LoadedModel:
+               fuse: bool = True, prepack: bool | None = None) -> LoadedModel:
     """Load ``tiny``/``small`` (generated and cached on first use) or a Hugging Face folder.
 
     ``fuse``: concatenate q/k/v and gate/up into one projection each after loading (fewer, larger
     GEMMs; the checkpoint keeps Hugging Face's names). Done before int8/int4 quantization, which is per
     output row, so the quantized weights are the same either way.
+    ``prepack``: on CPU, run fp32/bf16 linears through oneDNN on weights reordered once (see
+    ``cpu_gemm``); default on for float precisions on CPU. Packed layers have no ``.weight``.
     """
     t0 = time.perf_counter()
     dev = resolve_device(device)
@@ -152,6 +155,13 @@ def load_model(name_or_path: str, device: str = "auto", precision: str | None = 
 
         quantize_model(model, precision)
     model.eval()
+    nbytes = weight_bytes(model)  # before packing: oneDNN's reordered copies are opaque to state_dict
+    if prepack is None:
+        prepack = dev.type == "cpu" and precision in _FLOAT
+    if prepack:
+        # A tied lm_head shares the embedding's table, which must stay a plain tensor.
+        skip = (model.lm_head,) if config.tie_word_embeddings else ()
+        prepack_linears(model, skip=skip)
     model.rope_tables(dev, dtype)
     tokenizer = Tokenizer.from_folder(folder, config.eos_token_id, config.eos_token_ids)
     if config.eos_token_id is None:
@@ -167,7 +177,7 @@ def load_model(name_or_path: str, device: str = "auto", precision: str | None = 
         device=dev,
         dtype=dtype,
         precision=precision,
-        weight_bytes=weight_bytes(model),
+        weight_bytes=nbytes,
         load_seconds=time.perf_counter() - t0,
         path=folder,
     )

@@ -1,6 +1,10 @@
 """A BERT encoder with mean pooling in plain torch: all-MiniLM-L6-v2 without transformers.
 
-Shapes: ids/mask [B, T] -> hidden [B, T, H] -> mean over unmasked tokens [B, H] -> L2-normalised.
+Padding-free (like text-embeddings-inference): the tokens of every input of a batch run back to back
+as one [N, H] matrix through every linear, LayerNorm and GELU, so a batch costs its real tokens, not
+inputs x longest. Only attention needs per-input rows: q/k/v are scattered into a padded [B, T] view
+for one masked SDPA call and gathered back. Mean pooling sums each input's rows. A batch of mixed
+lengths (22.6 tokens on average in the HTTP benchmark, padded to ~34) did ~1.5x the GEMM work padded.
 The parameter names are the Hugging Face BertModel's, so the safetensors file loads as is.
 """
 
@@ -46,11 +50,43 @@ class _Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # Single-segment inputs: token type 0 everywhere.
-        x = self.word_embeddings(ids) + self.position_embeddings(positions)[None] + self.token_type_embeddings.weight[0]
+        x = self.word_embeddings(ids) + self.position_embeddings(positions) + self.token_type_embeddings.weight[0]
         return self.LayerNorm(x)
+
+
+@dataclass
+class Layout:
+    """Where each of a batch's N flat token rows sits in the padded [B, T] attention view."""
+
+    batch: int
+    longest: int
+    pad_index: torch.Tensor  # [N] row b * T + t of each flat token
+    bias: torch.Tensor | None  # [B, 1, 1, T] additive key mask; None when every input has length T
+
+    @classmethod
+    def of(cls, lengths: list[int], device: torch.device) -> Layout:
+        b, t = len(lengths), max(lengths)
+        pad_index = torch.cat([torch.arange(n) + i * t for i, n in enumerate(lengths)]).to(device)
+        bias = None
+        if any(n != t for n in lengths):
+            keep = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+            bias = torch.zeros((b, t)).masked_fill(~keep, torch.finfo(torch.float32).min)
+            bias = bias[:, None, None, :].to(device)
+        return cls(b, t, pad_index, bias)
+
+    def pad(self, y: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> [B, T, H], zeros in the padding."""
+        if self.bias is None:
+            return y.view(self.batch, self.longest, -1)
+        out = y.new_zeros((self.batch * self.longest, y.shape[-1]))
+        return out.index_copy_(0, self.pad_index, y).view(self.batch, self.longest, -1)
+
+    def unpad(self, y: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] -> [N, H]."""
+        flat = y.reshape(self.batch * self.longest, -1)
+        return flat if self.bias is None else flat.index_select(0, self.pad_index)
 
 
 class _SelfAttention(nn.Module):
@@ -61,13 +97,15 @@ class _SelfAttention(nn.Module):
         self.key = nn.Linear(c.hidden_size, c.hidden_size)
         self.value = nn.Linear(c.hidden_size, c.hidden_size)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
+    def forward(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+        h = x.shape[-1]
+        b, t = layout.batch, layout.longest
+
         def split(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, self.heads, h // self.heads).transpose(1, 2)   # [B, heads, T, d]
+            return layout.pad(y).view(b, t, self.heads, h // self.heads).transpose(1, 2)   # [B, heads, T, d]
         out = F.scaled_dot_product_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
-                                             attn_mask=bias)
-        return out.transpose(1, 2).reshape(b, t, h)
+                                             attn_mask=layout.bias)
+        return layout.unpad(out.transpose(1, 2))
 
 
 class _DenseNorm(nn.Module):
@@ -106,8 +144,8 @@ class _Layer(nn.Module):
         self.intermediate = _Intermediate(c)
         self.output = _DenseNorm(c.intermediate_size, c.hidden_size, c.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        a = self.attention.output(self.attention.self(x, bias), x)
+    def forward(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+        a = self.attention.output(self.attention.self(x, layout), x)
         return self.output(self.intermediate(a), a)
 
 
@@ -127,21 +165,28 @@ class BertEncoder(nn.Module):
         self.encoder = _Encoder(config)
 
     @torch.inference_mode()
-    def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # Additive attention bias: padded keys get -inf-ish so they receive no weight.
-        bias = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)
-        bias = bias.masked_fill(mask == 0, torch.finfo(torch.float32).min)[:, None, None, :]
-        x = self.embeddings(ids)
+    def hidden_states(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Flat hidden states [N, H] of every token of ``seqs``, back to back."""
+        if not seqs or any(not s for s in seqs):
+            raise ValueError("every input needs at least one token")
+        device = self.embeddings.word_embeddings.weight.device
+        lengths = [len(s) for s in seqs]
+        layout = Layout.of(lengths, device)
+        ids = torch.tensor([i for s in seqs for i in s], dtype=torch.long, device=device)
+        positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
+        x = self.embeddings(ids, positions)
         for layer in self.encoder.layer:
-            x = layer(x, bias)
+            x = layer(x, layout)
         return x
 
     @torch.inference_mode()
-    def embed(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Unit-length sentence embeddings [B, H] for padded token ids and their attention mask."""
-        hidden = self.hidden_states(ids, mask)
-        m = mask.to(hidden.dtype)[..., None]
-        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    def embed(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Unit-length sentence embeddings [B, H]: the mean of each input's token states, normalised."""
+        hidden = self.hidden_states(seqs)
+        lengths = [len(s) for s in seqs]
+        owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lengths)).to(hidden.device)
+        sums = hidden.new_zeros((len(seqs), hidden.shape[-1])).index_add_(0, owner, hidden)
+        pooled = sums / torch.tensor(lengths, dtype=hidden.dtype, device=hidden.device)[:, None]
         return F.normalize(pooled, p=2, dim=1)
 
     @classmethod

@@ -71,15 +71,8 @@ class EmbeddingModel:
         return [enc.ids for enc in self.tokenizer.encode_batch(texts)]
 
     def embed_ids(self, batch: list[list[int]]) -> torch.Tensor:
-        """Embeddings for already tokenized inputs, padded to the longest of the batch."""
-        longest = max(len(ids) for ids in batch)
-        device = self.encoder.embeddings.word_embeddings.weight.device
-        ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), longest), dtype=torch.long)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[row, : len(seq)] = 1
-        return self.encoder.embed(ids.to(device), mask.to(device)).float().cpu()
+        """Embeddings [len(batch), dim] for already tokenized inputs (padding-free: see ``bert``)."""
+        return self.encoder.embed(batch).float().cpu()
 
     def embed(self, texts: list[str]) -> torch.Tensor:
         return self.embed_ids(self.tokenize(texts))

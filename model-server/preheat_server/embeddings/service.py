@@ -30,6 +30,11 @@ class EmbeddingService:
         self.metrics = metrics
         self.max_in_flight = max_batch_size + max_queue
         self.num_in_flight = 0
+        # Children bound once: labels() per observation costs more than the observation itself.
+        self._batch_size = metrics.embedding_batch_size.labels(self.name)
+        self._queue_delay = metrics.embedding_queue_delay.labels(self.name)
+        self._inputs = metrics.embedding_inputs.labels(self.name)
+        self._tokens = metrics.embedding_tokens.labels(self.name)
         self.batcher = EmbeddingBatcher(model.embed_ids, max_batch_size, max_queue_delay_ms, self._observe_batch)
 
     def start(self) -> None:
@@ -39,9 +44,9 @@ class EmbeddingService:
         await self.batcher.close()
 
     def _observe_batch(self, size: int, waits: list[float]) -> None:
-        self.metrics.embedding_batch_size.labels(self.name).observe(size)
+        self._batch_size.observe(size)
         for w in waits:
-            self.metrics.embedding_queue_delay.labels(self.name).observe(w)
+            self._queue_delay.observe(w)
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids per text; an input longer than the model's window is a 400, never silently cut."""
@@ -63,6 +68,6 @@ class EmbeddingService:
         finally:
             self.num_in_flight -= 1
         n_tokens = sum(len(s) for s in ids)
-        self.metrics.embedding_inputs.labels(self.name).inc(len(ids))
-        self.metrics.embedding_tokens.labels(self.name).inc(n_tokens)
+        self._inputs.inc(len(ids))
+        self._tokens.inc(n_tokens)
         return EmbeddingResult(vectors, n_tokens)

@@ -52,3 +52,8 @@ class ServerConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        from preheat_server.embeddings.model import EMBEDDING_PRECISIONS, is_embedding_model
+
+        if self.precision not in (None, *EMBEDDING_PRECISIONS) and is_embedding_model(self.model):
+            raise ValueError(f"--precision {self.precision} does not apply to the embedding model {self.model}: "
+                             f"use {' or '.join(EMBEDDING_PRECISIONS)}")

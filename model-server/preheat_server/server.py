@@ -47,8 +47,8 @@ def default_generation_loader(config: ServerConfig) -> Any:
     return load_model(config.model, device=config.device, precision=config.precision)
 
 
-def default_embedding_loader(name: str) -> EmbeddingModel:
-    return EmbeddingModel.load(name, device="cpu")
+def default_embedding_loader(name: str, precision: str | None) -> EmbeddingModel:
+    return EmbeddingModel.load(name, device="cpu", precision=precision)
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
 class Server:
     def __init__(self, config: ServerConfig, *,
                  generation_loader: Callable[[ServerConfig], Any] = default_generation_loader,
-                 embedding_loader: Callable[[str], EmbeddingModel] = default_embedding_loader,
+                 embedding_loader: Callable[[str, str | None], EmbeddingModel] = default_embedding_loader,
                  started_at: float | None = None) -> None:
         config.validate()
         self.config = config
@@ -174,7 +174,8 @@ class Server:
                 out.engine.generate([ids], SamplingParams(max_tokens=2, ignore_eos=True))
         name = config.model if embeddings_only else config.embedding_model
         if name:
-            out.embedding = self._embedding_loader(name)
+            # --precision is the served model's; an embedding model beside an LLM runs at its default.
+            out.embedding = self._embedding_loader(name, config.precision if embeddings_only else None)
             if config.warmup:
                 out.embedding.embed([WARMUP_PROMPT])
         return out

@@ -7,6 +7,7 @@ import base64
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from preheat_server.embeddings import EmbeddingBatcher
 from preheat_server.http.schemas import EmbeddingList
@@ -19,6 +20,11 @@ TEXTS = [
     "across requests that share a system prompt.",
     "Ünïcödé, 東京 and emoji 🚀 are tokenized too.",
     "short",
+    # Longer than bert.SHORT_ATTENTION_MAX_LEN tokens: a batch holding it runs aten's SDPA, the rest of
+    # the inputs alone run the two-matmul attention, so the comparisons below cover both paths.
+    "Preheat forecasts each endpoint's request rate from Prometheus, keeps a warm pool of loaded replicas "
+    "outside the Service, and promotes one by a label change when the forecast says traffic is coming, so "
+    "a spike meets capacity that is ready in seconds instead of a cold start that takes a minute or more.",
 ]
 
 
@@ -56,6 +62,47 @@ def test_batched_equals_one_at_a_time(http_embedding_model: Any) -> None:
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-4)
 
 
+def test_prepacked_linears_equal_plain_ones(http_embedding_model: Any) -> None:
+    """The default CPU load runs the linears through oneDNN (models.cpu_gemm); F.linear gives the same vectors."""
+    from preheat_server.embeddings import EmbeddingModel
+    from preheat_server.models.cpu_gemm import PackedLinear, prepack_available
+
+    if not prepack_available():
+        pytest.fail("this torch build has no oneDNN linear ops: the CPU default path cannot be tested")
+    assert any(isinstance(m, PackedLinear) for m in http_embedding_model.encoder.modules())
+    plain = EmbeddingModel.load("all-MiniLM-L6-v2", prepack=False)
+    assert not any(isinstance(m, PackedLinear) for m in plain.encoder.modules())
+    torch.testing.assert_close(http_embedding_model.embed(TEXTS), plain.embed(TEXTS), atol=1e-5, rtol=1e-4)
+
+
+def test_bf16_embeddings_stay_close_to_fp32(http_embedding_model: Any) -> None:
+    from preheat_server.embeddings import EmbeddingModel
+
+    bf16 = EmbeddingModel.load("all-MiniLM-L6-v2", precision="bf16")
+    assert bf16.precision == "bf16"
+    assert {p.dtype for p in bf16.encoder.parameters()} == {torch.bfloat16}
+    low, ref = bf16.embed(TEXTS), http_embedding_model.embed(TEXTS)
+    assert low.dtype == torch.float32
+    assert torch.allclose(low.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)   # normalised in fp32
+    cosine = (low * ref).sum(1)
+    assert cosine.min() > 0.99, cosine
+    # Batching still changes nothing beyond bf16's own rounding.
+    alone = torch.cat([bf16.embed([t]) for t in TEXTS])
+    assert ((alone * low).sum(1).min()) > 0.999
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4", "fp16"])
+def test_embedding_precisions_other_than_fp32_bf16_are_refused(precision: str) -> None:
+    from preheat_server.config import ServerConfig
+    from preheat_server.embeddings import EmbeddingModel
+
+    with pytest.raises(ValueError, match=f"--precision {precision} does not apply to the embedding model"):
+        ServerConfig(model="all-MiniLM-L6-v2", precision=precision).validate()
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        EmbeddingModel.load("all-MiniLM-L6-v2", precision=precision)
+    ServerConfig(model="tiny", precision=precision).validate()   # a generation model takes them
+
+
 async def test_batcher_groups_concurrent_requests(http_embedding_model: Any) -> None:
     """Requests submitted together share one forward pass, capped at max_batch_size, results in order."""
     sizes: list[int] = []
@@ -67,7 +114,7 @@ async def test_batcher_groups_concurrent_requests(http_embedding_model: Any) -> 
         results = await asyncio.gather(*(batcher.embed([seq]) for seq in ids))
     finally:
         await batcher.close()
-    assert sizes == [4, 2]          # six single-input requests: one full batch, then the rest
+    assert sizes == [4, len(TEXTS) - 4]   # single-input requests: one full batch, then the rest
     got = torch.stack([r[0] for r in results])
     torch.testing.assert_close(got, http_embedding_model.embed(TEXTS), atol=1e-5, rtol=1e-4)
 
@@ -76,7 +123,7 @@ async def test_embeddings_api_concurrent_equals_sequential(start_http_server: An
                                                            http_embedding_model: Any) -> None:
     live = await start_http_server(model="all-MiniLM-L6-v2", embedding_max_batch_size=8,
                                    embedding_max_queue_delay_ms=20,
-                                   embedding_loader=lambda _name: http_embedding_model)
+                                   embedding_loader=lambda _name, _precision: http_embedding_model)
     assert live.server.ctx.generation is None        # an embeddings-only server
 
     async def embed(text: str) -> list[float]:
@@ -115,7 +162,7 @@ async def test_embeddings_api_concurrent_equals_sequential(start_http_server: An
 
 async def test_decoder_server_also_serves_embeddings(start_http_server: Any, http_embedding_model: Any) -> None:
     live = await start_http_server(embedding_model="all-MiniLM-L6-v2",
-                                   embedding_loader=lambda _name: http_embedding_model)
+                                   embedding_loader=lambda _name, _precision: http_embedding_model)
     status, body, _ = await live.post("/v1/embeddings", {"input": ["a", "b"], "model": "all-MiniLM-L6-v2"})
     assert status == 200 and len(body["data"]) == 2
     status, body, _ = await live.post("/v1/completions", {"prompt": "hello", "max_tokens": 2})

@@ -171,7 +171,7 @@ BAD_EMBEDDINGS: list[tuple[str, Any, str | None, str]] = [
 
 async def test_bad_input_answers_400_with_a_clear_error(start_http_server: Any, http_embedding_model: Any) -> None:
     live = await start_http_server(embedding_model="all-MiniLM-L6-v2",
-                                   embedding_loader=lambda _name: http_embedding_model)
+                                   embedding_loader=lambda _name, _precision: http_embedding_model)
     failures = []
     for path, table in (("/v1/completions", BAD_COMPLETIONS), ("/v1/chat/completions", BAD_CHAT),
                         ("/v1/embeddings", BAD_EMBEDDINGS)):

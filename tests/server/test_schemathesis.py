@@ -40,7 +40,7 @@ def live_server_url(http_tiny_model: Any, http_embedding_model: Any) -> Iterator
     config = ServerConfig(host="127.0.0.1", port=0, max_num_seqs=4, max_num_batched_tokens=256, max_queue=32,
                           embedding_model="all-MiniLM-L6-v2")
     server = Server(config, generation_loader=lambda _c: http_tiny_model,
-                    embedding_loader=lambda _n: http_embedding_model)
+                    embedding_loader=lambda _n, _p: http_embedding_model)
     thread = threading.Thread(target=loop.run_forever, name="schemathesis-server", daemon=True)
     thread.start()
 

@@ -63,29 +63,30 @@ class Layout:
     batch: int
     longest: int
     pad_index: torch.Tensor  # [N] row b * T + t of each flat token
-    padding_index: torch.Tensor  # [B * T - N] the rows that are padding
+    gather_index: torch.Tensor  # [B * T] flat row of each padded slot; N (a zero row) for padding
     bias: torch.Tensor | None  # [B, 1, 1, T] additive key mask; None when every input has length T
 
     @classmethod
     def of(cls, lengths: list[int], device: torch.device) -> Layout:
         b, t = len(lengths), max(lengths)
-        pad_index = torch.cat([torch.arange(n) + i * t for i, n in enumerate(lengths)]).to(device)
-        keep = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
-        padding_index = (~keep).flatten().nonzero().flatten().to(device)
+        pad_index = torch.cat([torch.arange(n) + i * t for i, n in enumerate(lengths)])
+        gather_index = torch.full((b * t,), len(pad_index), dtype=torch.long)
+        gather_index[pad_index] = torch.arange(len(pad_index))
         bias = None
         if any(n != t for n in lengths):
+            keep = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
             bias = torch.zeros((b, t)).masked_fill(~keep, torch.finfo(torch.float32).min)
             bias = bias[:, None, None, :].to(device)
-        return cls(b, t, pad_index, padding_index, bias)
+        return cls(b, t, pad_index.to(device), gather_index.to(device), bias)
 
     def pad(self, y: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [B, T, H], zeros in the padding."""
         if self.bias is None:
             return y.view(self.batch, self.longest, -1)
-        # Only the padding rows need zeros (padded keys and values must be finite: a zero attention
-        # weight times a NaN is still NaN); zero-filling the whole fresh buffer cost as much as the scatter.
-        out = y.new_empty((self.batch * self.longest, y.shape[-1])).index_fill_(0, self.padding_index, 0)
-        return out.index_copy_(0, self.pad_index, y).view(self.batch, self.longest, -1)
+        # One gather from y plus a zero row: padded keys and values must be finite (a zero attention
+        # weight times a NaN is still NaN), and this beat zero-filling the rest + index_copy_ (aten's bf16 index_copy_ is slow).
+        return torch.cat([y, y.new_zeros((1, y.shape[-1]))]).index_select(0, self.gather_index).view(
+            self.batch, self.longest, -1)
 
     def unpad(self, y: torch.Tensor) -> torch.Tensor:
         """[B, T, H] -> [N, H]."""
@@ -102,7 +103,7 @@ SHORT_ATTENTION_MAX_LEN = 48
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + bias) v over [B, heads, T, d]."""
     if q.shape[-2] > SHORT_ATTENTION_MAX_LEN:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias if bias is None else bias.to(q.dtype))
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
     if bias is not None:
         scores.add_(bias)
@@ -211,7 +212,7 @@ class BertEncoder(nn.Module):
     @torch.inference_mode()
     def embed(self, seqs: list[list[int]]) -> torch.Tensor:
         """Unit-length sentence embeddings [B, H]: the mean of each input's token states, normalised."""
-        hidden = self.hidden_states(seqs)
+        hidden = self.hidden_states(seqs).float()   # pool and normalise in fp32 whatever the weights
         lengths = [len(s) for s in seqs]
         owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lengths)).to(hidden.device)
         sums = hidden.new_zeros((len(seqs), hidden.shape[-1])).index_add_(0, owner, hidden)

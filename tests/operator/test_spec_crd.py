@@ -57,6 +57,7 @@ def test_bad_samples_rejected_with_readable_message(sample, message):
         ({"model": {}}, "set exactly one of model.builtin"),
         ({"model": {"builtin": "tiny", "path": "/x"}}, "set exactly one of model.builtin"),
         ({"model": {"path": "relative/dir"}}, "absolute path"),
+        ({"model": {"builtin": "all-MiniLM-L6-v2", "precision": "int8"}}, "does not apply to the embedding model"),
         ({"model": {"builtin": "tiny"}, "accelerator": {"type": "gpu"}}, "accelerator.count must be at least 1"),
         ({"model": {"builtin": "tiny"}, "scaling": {"warmPool": {"min": 3, "max": 1}}}, "warmPool.min must be <="),
         ({"model": {"builtin": "tiny"}, "scaling": {"latencySloMs": 0}}, "latency budget"),

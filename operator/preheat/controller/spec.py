@@ -113,6 +113,10 @@ class ModelSpec(_Model):
             raise ValueError("model.persistentVolumeClaim needs model.path (where the weights are on the volume)")
         if self.path is not None and not self.path.startswith("/"):
             raise ValueError("model.path must be an absolute path")
+        # The server refuses these at start-up; saying so here keeps a bad CR from crash-looping pods.
+        if self.builtin == "all-MiniLM-L6-v2" and self.precision not in (Precision.fp32, Precision.bf16):
+            raise ValueError(f"model.precision {self.precision.value} does not apply to the embedding model "
+                             "all-MiniLM-L6-v2: use fp32 or bf16")
         return self
 
     @property

@@ -104,3 +104,19 @@ def test_host_defaults_to_pod_ip(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ServerConfig(host="127.0.0.9").bind_host() == "127.0.0.9"
     monkeypatch.delenv("POD_IP")
     assert ServerConfig().bind_host() == "127.0.0.1"
+
+
+def test_process_start_time_lies_between_spawn_and_now() -> None:
+    """The cold start counts from the kernel's record of the process start: not before the parent spawned
+    it (the old btime arithmetic put it 0.9 s early on a VM) and not after the child looked."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time; from preheat_server.lifecycle import process_start_time; "
+            "print(process_start_time(), time.time())")
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    started, child_now = map(float, out.split())
+    tick = 0.02   # /proc reports the start in clock ticks (10 ms at USER_HZ=100)
+    assert before - tick <= started <= child_now

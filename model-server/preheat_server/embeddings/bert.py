@@ -83,8 +83,8 @@ class Layout:
         """[N, H] -> [B, T, H], zeros in the padding."""
         if self.bias is None:
             return y.view(self.batch, self.longest, -1)
-        # One gather from y plus a zero row: padded keys and values must be finite (a zero attention
-        # weight times a NaN is still NaN), and this beat zero-filling the rest + index_copy_ (aten's bf16 index_copy_ is slow).
+        # One gather from y plus a zero row. Padded keys and values must be finite (a zero attention
+        # weight times a NaN is still NaN); zero-fill + index_copy_ was slower, at bf16 by far.
         return torch.cat([y, y.new_zeros((1, y.shape[-1]))]).index_select(0, self.gather_index).view(
             self.batch, self.longest, -1)
 
@@ -120,7 +120,7 @@ class _SelfAttention(nn.Module):
         self.qkv: nn.Linear | None = None
 
     def fuse_qkv(self) -> None:
-        """One [3H, H] projection instead of three: one wider GEMM and one scatter into the padded view."""
+        """One [3H, H] projection instead of three: one wider GEMM and one gather into the padded view."""
         h = self.query.in_features
         fused = nn.Linear(h, 3 * h).to(self.query.weight.device, self.query.weight.dtype)
         with torch.no_grad():

@@ -91,7 +91,7 @@ class EmbeddingModel:
 
     def embed_ids(self, batch: list[list[int]]) -> torch.Tensor:
         """Embeddings [len(batch), dim] for already tokenized inputs (padding-free: see ``bert``)."""
-        return self.encoder.embed(batch).float().cpu()
+        return self.encoder.embed(batch).cpu()   # float32: the encoder pools in fp32
 
     def embed(self, texts: list[str]) -> torch.Tensor:
         return self.embed_ids(self.tokenize(texts))

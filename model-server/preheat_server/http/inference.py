@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
-import numpy as np
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -245,9 +244,9 @@ async def embeddings(request: web.Request, ctx: ServerContext) -> web.StreamResp
     result = await service.embed(ids)
     data = []
     for i, vec in enumerate(result.vectors):
-        array = vec.numpy().astype(np.float32, copy=False)
-        value: Any = base64.b64encode(array.astype("<f4").tobytes()).decode() if req.encoding_format == "base64" \
-            else array
+        array = vec.numpy()   # float32 (EmbeddingModel.embed_ids)
+        value: Any = base64.b64encode(array.astype("<f4", copy=False).tobytes()).decode() \
+            if req.encoding_format == "base64" else array
         data.append({"object": "embedding", "index": i, "embedding": value})
     body = {"object": "list", "data": data, "model": service.name,
             "usage": {"prompt_tokens": result.num_tokens, "total_tokens": result.num_tokens}}

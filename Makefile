@@ -8,8 +8,9 @@ STAMP := $(VENV)/.preheat-setup-stamp
 .PHONY: setup binaries shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
         bench-server bench-engine bench-http bench-sim bench-forecast bench-cluster clean
 
-# The venv is rebuilt only when pyproject.toml changes; pip's cache lives outside the repo.
-$(STAMP): pyproject.toml scripts/setup.sh
+# The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
+# outside the repo.
+$(STAMP): pyproject.toml lab/pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	@touch $(STAMP)
 
@@ -69,7 +70,7 @@ crd: setup
 	$(PY) scripts/crd_reference.py --write README.md
 
 bench-cluster: setup binaries
-	bash scripts/netns.sh --rm preheat-bench $(PY) cluster/bench/bench_cluster.py --out bench-results/cluster.json
+	bash scripts/netns.sh --rm preheat-bench $(PY) -m preheat_lab.bench_cluster --out bench-results/cluster.json
 
 clean: cluster-down
 	rm -rf $(VENV) .cluster

@@ -94,7 +94,7 @@ for _ in $(seq 1 30); do
   curl -fsS http://127.0.0.1:18000/health/ready >/dev/null 2>&1 && break
   sleep 1
 done
-"$PYTHON" -m preheat.loadgen --trace "$TRACE" --compress "$COMPRESS" --address 127.0.0.1:18000 \
+"$PYTHON" -m preheat_lab.loadgen --trace "$TRACE" --compress "$COMPRESS" --address 127.0.0.1:18000 \
   --model "$endpoint" --max-duration-s "$REPLAY_SECONDS" --max-requests 2000 --out "$work/replay.json"
 kill "$pf_pid" 2>/dev/null || true; pf_pid=""
 "$KUBECTL" -n "$SAMPLE_NS" get inferenceendpoint "$endpoint" -o wide

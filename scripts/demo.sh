@@ -48,7 +48,7 @@ else
 fi
 
 echo "demo: replaying $TRACE (modes: $MODES)"
-"$PY" -m preheat.closedloop --cluster-state "$STATE" --trace "$TRACE" --start-s "$START_S" --modes "$MODES" \
+"$PY" -m preheat_lab.closedloop --cluster-state "$STATE" --trace "$TRACE" --start-s "$START_S" --modes "$MODES" \
   --out "$OUT/closedloop.json" --plot "$OUT/closedloop.png" --work-dir "$OUT/logs" | tee "$OUT/demo.log"
 
 echo

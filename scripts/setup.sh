@@ -9,7 +9,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[operator,server,plot,dev]"
+# The product with every extra, and the dev-only lab (local cluster, closed loop, load generator,
+# cluster benchmarks) beside it: one resolver run, so the lab's `preheat` requirement is this checkout.
+"$VENV/bin/python" -m pip install -q -e ".[operator,server,plot,dev]" -e ./lab
 
 # Debian tools the tests use: shellcheck (the kind e2e script is checked, not run, without Docker).
 if ! command -v shellcheck >/dev/null; then

@@ -18,10 +18,10 @@ import statistics
 from pathlib import Path
 
 import pytest
-from preheat.closedloop import LoopConfig, compare
-from preheat.closedloop.__main__ import summary_line
-from preheat.closedloop.history import HistoryWriter
-from preheat.closedloop.workload import SLICE_START_IN_DAY_S, load_workload
+from preheat_lab.closedloop import LoopConfig, compare
+from preheat_lab.closedloop.__main__ import summary_line
+from preheat_lab.closedloop.history import HistoryWriter
+from preheat_lab.closedloop.workload import SLICE_START_IN_DAY_S, load_workload
 
 DATA = Path(__file__).parent / "data"
 

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from preheat.closedloop import endpoint_manifest
-from preheat.closedloop import metrics as M
-from preheat.closedloop.experiment import LoopConfig
-from preheat.closedloop.history import TraceClock, counter_samples
-from preheat.closedloop.workload import COMPRESS, SLICE_START_IN_DAY_S, load_workload
 from preheat.controller.brain import Brain, TimeScaledForecaster, make_brain_forecaster, policy_config
 from preheat.controller.observe import duration_s
 from preheat.controller.spec import parse_spec
 from preheat.forecast import make_forecaster
-from preheat.loadgen import offered_rate
 from preheat.policy import Observation, Reason
+from preheat_lab.closedloop import endpoint_manifest
+from preheat_lab.closedloop import metrics as M
+from preheat_lab.closedloop.experiment import LoopConfig
+from preheat_lab.closedloop.history import TraceClock, counter_samples
+from preheat_lab.closedloop.workload import COMPRESS, SLICE_START_IN_DAY_S, load_workload
+from preheat_lab.loadgen import offered_rate
 
 DATA = Path(__file__).parent / "data"
 COLD_S = 30.0  # a quiet machine's tiny-model cold start (docs/closedloop.md)

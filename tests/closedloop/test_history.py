@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from preheat.closedloop.history import (
+from preheat_lab.closedloop.history import (
     ReloadWatch,
     TraceClock,
     counter_samples,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from preheat.loadgen import (
+from preheat_lab.loadgen import (
     Arrival,
     ReplayConfig,
     Replayer,
@@ -32,7 +32,7 @@ from preheat.loadgen import (
     percentile,
     summarize,
 )
-from preheat.loadgen.endpoints import ready_addresses_from_pods, ready_addresses_from_slices
+from preheat_lab.loadgen.endpoints import ready_addresses_from_pods, ready_addresses_from_slices
 
 DATA = Path(__file__).parent / "data"
 
@@ -317,7 +317,7 @@ def test_ready_addresses_from_service_selector_follow_pod_readiness():
 
 
 def test_benchmark_range_pod_addresses_only_when_this_host_owns_them():
-    from preheat.loadgen.endpoints import _is_local
+    from preheat_lab.loadgen.endpoints import _is_local
 
     addr = "198.18.0.7:8000"
     if _is_local("198.18.0.7"):  # inside Preheat's network namespace (AnyIP route on lo)

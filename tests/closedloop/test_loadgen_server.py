@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from preheat.loadgen import ReplayConfig, Replayer, StaticEndpoints, TokenShaping, from_trace, summarize
 from preheat.sim.traces import load_trace
+from preheat_lab.loadgen import ReplayConfig, Replayer, StaticEndpoints, TokenShaping, from_trace, summarize
 
 DATA = Path(__file__).parent / "data"
 

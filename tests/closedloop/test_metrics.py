@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from preheat.closedloop import PodView, Sample, endpoint_manifest
-from preheat.closedloop import metrics as M
-from preheat.closedloop.experiment import LoopConfig, decisions
-from preheat.loadgen import RequestRecord
+from preheat_lab.closedloop import PodView, Sample, endpoint_manifest
+from preheat_lab.closedloop import metrics as M
+from preheat_lab.closedloop.experiment import LoopConfig, decisions
+from preheat_lab.loadgen import RequestRecord
 
 
 def pod(uid: str, role: str, ready: bool, created: float = 0.0, deleting: bool = False,
@@ -120,8 +120,8 @@ def test_decisions_are_deduplicated_on_the_experiment_clock():
 
 
 def test_modes_share_the_endpoint_and_differ_in_the_operator_switch(tmp_path):
-    from preheat.closedloop.experiment import OperatorProcess
     from preheat.controller.spec import parse_spec
+    from preheat_lab.closedloop.experiment import OperatorProcess
 
     cfg = LoopConfig(kubeconfig=tmp_path / "k", prometheus_url="http://127.0.0.1:9090", out_dir=tmp_path)
     pre, rea = endpoint_manifest(cfg, "preheat"), endpoint_manifest(cfg, "reactive")
@@ -137,9 +137,9 @@ def test_analysis_and_plot_of_a_recorded_run(tmp_path):
     """The whole report path on a recorded (synthetic) run: figures, JSON and a real PNG."""
     import json
 
-    from preheat.closedloop.experiment import Comparison, analyse
-    from preheat.closedloop.plot import plot_comparison
-    from preheat.loadgen import Arrival
+    from preheat_lab.closedloop.experiment import Comparison, analyse
+    from preheat_lab.closedloop.plot import plot_comparison
+    from preheat_lab.loadgen import Arrival
 
     cfg = LoopConfig(kubeconfig=tmp_path / "k", prometheus_url="http://127.0.0.1:9090", out_dir=tmp_path,
                      target_per_replica=1.0, interval_s=3.0, sample_interval_s=2.0)

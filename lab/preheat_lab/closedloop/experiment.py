@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from preheat.loadgen import Arrival, EndpointSliceWatcher, ReplayConfig, Replayer, offered_rate, summarize
+from preheat_lab.loadgen import Arrival, EndpointSliceWatcher, ReplayConfig, Replayer, offered_rate, summarize
 
 from . import metrics as M
 from .history import HistoryWriter, ReloadWatch, TraceClock, history_visible
@@ -82,7 +82,7 @@ class LoopConfig:
     time_compression: float = 240.0
     forecast_window_s: float | None = 45.0
     # The endpoint's past: when set, the trace before the slice is written into Prometheus before the
-    # replay and the operator is asked to rebuild its forecaster from it (preheat.closedloop.history).
+    # replay and the operator is asked to rebuild its forecaster from it (preheat_lab.closedloop.history).
     history: HistoryWriter | None = None
     history_rate: Callable[[np.ndarray], np.ndarray] | None = None
     slice_start_trace_s: float = 0.0
@@ -197,7 +197,6 @@ def ensure_crd(api: Any, timeout_s: float = 60.0) -> None:
     """Install the InferenceEndpoint CRD (generated from the spec models) unless it is there already."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
-
     from preheat.controller.crd import build_crd
 
     ext = client.ApiextensionsV1Api(api)

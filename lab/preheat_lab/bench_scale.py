@@ -1,10 +1,10 @@
 """Scale benchmark: N InferenceEndpoints (pods run the tiny mapped `preheat/lightweight-server`)
 reconciled by one `preheat operator` process; records time to converge and the operator's memory.
 
-    python -m preheat.controller.bench_scale --count 200 --out bench-results/operator-scale.json
+    python -m preheat_lab.bench_scale --count 200 --out bench-results/operator-scale.json
 
-Uses the local cluster in `.cluster/` (brought up if needed, taken down only if it started it), or
-`--kubeconfig`/`--prometheus-url` for another. Converged = every endpoint Ready=True with one
+Uses the local cluster in `--cluster-state` (default `.cluster/` in the current directory; brought up
+if needed, taken down only if it started it), or `--kubeconfig`/`--prometheus-url` for another. Converged = every endpoint Ready=True with one
 serving replica. Records, never asserts: the numbers go to JSON and docs/operator.md.
 """
 
@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _rss_kib(pid: int) -> dict[str, int]:
@@ -56,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prometheus-url")
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--out", default="bench-results/operator-scale.json")
+    p.add_argument("--cluster-state", type=Path, default=Path(".cluster"), help="the local cluster's state dir")
+    p.add_argument("--log", type=Path, default=Path("bench-results/tmp/operator-scale.log"), help="operator log")
     args = p.parse_args(argv)
 
     from kubernetes import client, config
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from preheat_cluster import LocalCluster
 
-        cluster = LocalCluster()
+        cluster = LocalCluster(state_dir=args.cluster_state.resolve())
         started = not cluster.is_up()
         if started:
             cluster.up()
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         except ApiException:
             time.sleep(0.5)
 
-    log_path = ROOT / "bench-results" / "tmp" / "operator-scale.log"
+    log_path = args.log
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, KUBECONFIG=kubeconfig)
     with open(log_path, "w") as log:

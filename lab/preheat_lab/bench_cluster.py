@@ -1,7 +1,7 @@
 """Benchmark of the local cluster: start-to-ready time, and how long a Deployment of N lightweight
 pods takes to be Ready (and to scale back to zero) with the node agent's CPU cost, written as JSON.
 
-    .venv/bin/python cluster/bench/bench_cluster.py --pods 200 --out bench-results/cluster.json
+    .venv/bin/python -m preheat_lab.bench_cluster --pods 200 --out bench-results/cluster.json
 
 Starts its own cluster in a temporary state dir (other ports), so it never touches `.cluster/`."""
 

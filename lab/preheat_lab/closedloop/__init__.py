@@ -2,7 +2,7 @@
 
 `experiment` runs preheat mode and reactive-only mode of the same operator on one schedule,
 `sampler` records status and pods, `metrics` computes SLO attainment, replica-seconds, capacity lead
-and hidden cold starts, `plot` draws the PNG. `python -m preheat.closedloop` is the command line.
+and hidden cold starts, `plot` draws the PNG. `python -m preheat_lab.closedloop` is the command line.
 """
 
 from .experiment import MODES, Comparison, LoopConfig, compare, endpoint_manifest, run_mode

@@ -1,7 +1,7 @@
 """Trace-replay load generator: real `/v1/completions` requests at a trace's (compressed) pace.
 
 `schedule` turns a trace into arrivals, `endpoints` finds the ready serving replicas (EndpointSlices),
-`replay` sends the requests and records latency and SLO per request. `python -m preheat.loadgen`
+`replay` sends the requests and records latency and SLO per request. `python -m preheat_lab.loadgen`
 is the command line.
 """
 

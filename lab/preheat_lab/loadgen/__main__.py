@@ -1,6 +1,6 @@
-"""`python -m preheat.loadgen`: replay a trace against an endpoint's serving pods (or fixed addresses).
+"""`python -m preheat_lab.loadgen`: replay a trace against an endpoint's serving pods (or fixed addresses).
 
-    python -m preheat.loadgen --trace ../shared/traces/azure_llm_2023_code.csv --compress 4 \\
+    python -m preheat_lab.loadgen --trace ../shared/traces/azure_llm_2023_code.csv --compress 4 \\
         --kubeconfig .cluster/kubeconfig --namespace default --service tiny-cpu --out replay.json
 
 Prints a progress line every few seconds and a summary; `--out` writes the summary and every
@@ -21,7 +21,7 @@ from .schedule import TokenShaping, from_trace
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m preheat.loadgen", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m preheat_lab.loadgen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, required=True, help="trace file (any format preheat.sim.traces reads)")
     p.add_argument("--compress", type=float, default=1.0, help="time compression factor (10 = 10x faster)")

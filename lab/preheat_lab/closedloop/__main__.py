@@ -1,4 +1,4 @@
-"""`python -m preheat.closedloop`: run the preheat vs reactive-only comparison on a cluster.
+"""`python -m preheat_lab.closedloop`: run the preheat vs reactive-only comparison on a cluster.
 
 Writes the JSON (`--out`), a PNG (`--plot`) and prints live progress plus a one-line summary.
 Without `--kubeconfig` it uses the local cluster in `--cluster-state` (default `.cluster`), whose
@@ -20,11 +20,11 @@ from .experiment import MODES, LoopConfig, compare
 from .plot import plot_comparison
 
 DEFAULT_TRACE = "../shared/traces/servegen_m-small_10min.csv"
-DEFAULT_START_S = 86400 + W.SLICE_START_IN_DAY_S  # day 2, 03:30 (see preheat.closedloop.workload)
+DEFAULT_START_S = 86400 + W.SLICE_START_IN_DAY_S  # day 2, 03:30 (see preheat_lab.closedloop.workload)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m preheat.closedloop", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m preheat_lab.closedloop", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--kubeconfig", type=Path, help="cluster to use (default: the local cluster's)")
     p.add_argument("--prometheus-url", help="Prometheus the operator queries (default: the local cluster's)")

@@ -58,7 +58,7 @@ class TraceClock:
 def rate_function(times_s: np.ndarray, rates_rps: np.ndarray, window_s: float | None,
                   rate_scale: float) -> Callable[[np.ndarray], np.ndarray]:
     """The replayed rate at trace time t: linear between window centres, times `rate_scale` (the same
-    rule as `preheat.loadgen.schedule.from_rate_series`, so the history continues the replay)."""
+    rule as `preheat_lab.loadgen.schedule.from_rate_series`, so the history continues the replay)."""
     t = np.asarray(times_s, dtype=float)
     r = np.asarray(rates_rps, dtype=float)
     ok = np.isfinite(r) & (r >= 0)

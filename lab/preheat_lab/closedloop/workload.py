@@ -6,7 +6,7 @@ the trough at ~2 serving replicas and the peak at ~4 of the tiny model on two sh
 
 The trace before the slice (day 1 and day 2's night, up to two days) is the endpoint's past: the run
 writes it into Prometheus, compressed and scaled the same way, so the operator's forecaster starts
-from "yesterday" as a production operator's would (preheat.closedloop.history).
+from "yesterday" as a production operator's would (preheat_lab.closedloop.history).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from preheat.loadgen import Arrival, from_trace
+from preheat_lab.loadgen import Arrival, from_trace
 
 COMPRESS = 240.0
 RATE_SCALE = 0.004

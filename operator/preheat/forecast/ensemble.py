@@ -13,8 +13,10 @@ from typing import Any
 
 from preheat.forecast.base import Forecaster, clean_sample, valid_query
 from preheat.forecast.quantile import DEFAULT_HORIZONS_S, MIN_ISSUE_S
+from preheat.forecast.restore import forecaster_from_dict, restorable
 
 
+@restorable
 class EnsembleForecaster:
     """Inverse-MSE weighted combination of member forecasters, per horizon.
 
@@ -183,8 +185,6 @@ class EnsembleForecaster:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EnsembleForecaster:
-        from preheat.forecast.registry import forecaster_from_dict
-
         members = {name: forecaster_from_dict(m) for name, m in d["members"].items()}
         f = cls(members, **d["params"])
         s = d["state"]

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from preheat.forecast.base import clean_sample, damped_sum, gain, valid_query, z_score
+from preheat.forecast.restore import restorable
 from preheat.forecast.trend import TrendForecaster
 
 DAY_S = 86400.0
@@ -82,6 +83,7 @@ def _fill_circular(values: list[float | None]) -> list[float]:
     return out
 
 
+@restorable
 class HoltWinters:
     """Additive Holt-Winters with a damped trend, updated one sample at a time.
 

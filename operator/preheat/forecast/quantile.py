@@ -11,6 +11,7 @@ from collections import deque
 from typing import Any
 
 from preheat.forecast.base import Forecaster, check_quantile, clean_sample, sample_quantile, valid_query
+from preheat.forecast.restore import forecaster_from_dict, restorable
 
 # Forecasts are issued for scoring at most this often per horizon: with 15 s samples, scoring
 # every one would double the cost of a step for little more information.
@@ -26,6 +27,7 @@ def snap_horizon(h: float) -> float:
     return round(15.0 * 2.0 ** (k / 2.0), 3)
 
 
+@restorable
 class QuantileForecaster:
     """Wraps a point forecaster and learns the distribution of its relative errors per horizon.
 
@@ -175,8 +177,6 @@ class QuantileForecaster:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QuantileForecaster:
-        from preheat.forecast.registry import forecaster_from_dict
-
         f = cls(forecaster_from_dict(d["base"]), horizons_s=(), **d["params"])
         s = d["state"]
         f.level, f.dt_typ, f.t_last, f.n = s["level"], s["dt_typ"], s["t_last"], s["n"]

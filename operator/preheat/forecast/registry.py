@@ -8,8 +8,11 @@ from preheat.forecast.base import Forecaster
 from preheat.forecast.ensemble import EnsembleForecaster
 from preheat.forecast.holt_winters import DAY_S, HoltWinters
 from preheat.forecast.quantile import DEFAULT_HORIZONS_S, QuantileForecaster
+from preheat.forecast.restore import forecaster_from_dict
 from preheat.forecast.simple import Persistence, SeasonalNaive
 from preheat.forecast.trend import TrendForecaster
+
+__all__ = ["KINDS", "forecaster_from_dict", "make_forecaster", "season_knots"]
 
 KINDS = ("auto", "ensemble", "holt-winters", "trend", "persistence", "seasonal-naive")
 
@@ -65,17 +68,3 @@ def make_forecaster(
         # textbook seasonal naive: the value one season ago at the sample resolution (<= 1440 a day)
         base = SeasonalNaive(season_s=season_s, knots=min(1440, max(1, round(season_s / step_s))))
     return QuantileForecaster(base) if quantile_tracking else base
-
-
-_CLASSES: dict[str, Any] = {
-    cls.kind: cls
-    for cls in (HoltWinters, TrendForecaster, Persistence, SeasonalNaive, QuantileForecaster, EnsembleForecaster)
-}
-
-
-def forecaster_from_dict(d: dict[str, Any]) -> Forecaster:
-    """Restore any forecaster from its `to_dict()` (dispatches on the `kind` tag)."""
-    kind = d.get("kind") if isinstance(d, dict) else None
-    if kind not in _CLASSES:
-        raise ValueError(f"cannot restore forecaster of kind {kind!r}; known: {', '.join(sorted(_CLASSES))}")
-    return _CLASSES[kind].from_dict(d)

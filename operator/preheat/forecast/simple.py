@@ -11,8 +11,10 @@ from typing import Any
 
 from preheat.forecast.base import clean_sample, valid_query, z_score
 from preheat.forecast.holt_winters import DAY_S, SeasonProfile
+from preheat.forecast.restore import restorable
 
 
+@restorable
 class Persistence:
     """Forecast = the last observed value, whatever the horizon."""
 
@@ -61,6 +63,7 @@ class Persistence:
         return f
 
 
+@restorable
 class SeasonalNaive:
     """Forecast = the value seen one season before the target time (persistence until then).
 

@@ -10,8 +10,10 @@ import math
 from typing import Any
 
 from preheat.forecast.base import clean_sample, damped_sum, gain, valid_query, z_score
+from preheat.forecast.restore import restorable
 
 
+@restorable
 class TrendForecaster:
     """Damped Holt in continuous time, O(1) per sample.
 

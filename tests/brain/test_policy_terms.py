@@ -389,3 +389,15 @@ def test_fast_panic_path_does_nothing_without_a_usable_queue(changes: dict) -> N
     # without concurrency slots configured the queue means nothing
     assert decide_panic(BASE, state, gauges.__class__(**{**gauges.to_dict(), "queue": 6.0, "stale": False,
                                                          "cold_start_samples_s": (), "time_s": 100.0}))[0] is None
+
+
+def test_a_stale_sample_keeps_the_burst_envelope() -> None:
+    # Defect (issue 15): the hold rebuilt PolicyState without burst_needs, so one stale sample emptied
+    # the envelope and the next fresh step deleted the warm pool the last burst asked for.
+    d, state = decide(BURSTY, PolicyState(), obs(0.0, 20.0, 2, value_panic=80.0))
+    d, state = decide(BURSTY, state, obs(60.0, 5.0, d.serving, value_panic=5.0))  # panic over, envelope holds
+    assert not d.panic and d.serving + d.warm >= 8 and "burst envelope" in d.detail
+    held, state = decide(BURSTY, state, obs(75.0, None, d.serving, stale=True))
+    assert held.reason == Reason.HOLD and state.burst_needs
+    d, state = decide(BURSTY, state, obs(90.0, 5.0, held.serving, value_panic=5.0))
+    assert d.serving + d.warm >= 8 and "burst envelope" in d.detail, d.detail

@@ -48,6 +48,19 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
     )
 
 
+def autoscaler_from_spec(spec: InferenceEndpointSpec, config: PolicyConfig | None = None,
+                         forecaster: Forecaster | None = None) -> Autoscaler:
+    """The one place an InferenceEndpoint spec becomes an autoscaler (forecaster + policy), for both hosts.
+
+    The operator's Brain and the simulator's Preheat policy both build theirs here. `config` is
+    `policy_config(spec)` unless the host passes its own derivation of it (the operator's
+    --reactive-only / --interval, the simulator's fleet capacity and target utilization), always
+    built from this spec's `policy_config`.
+    """
+    config = config if config is not None else policy_config(spec)
+    return Autoscaler(config, forecaster or make_brain_forecaster(spec, config.decision_interval_s))
+
+
 class TimeScaledForecaster:
     """A forecaster on the load's clock: times and horizons are multiplied by `scale` on the way in.
 
@@ -119,10 +132,7 @@ class Brain:
                  autoscaler: Autoscaler | None = None) -> None:
         self.config = config
         self.key = forecasting_key(spec, config.decision_interval_s)
-        if autoscaler is None:
-            forecaster = forecaster or make_brain_forecaster(spec, config.decision_interval_s)
-            autoscaler = Autoscaler(config, forecaster)
-        self.autoscaler = autoscaler
+        self.autoscaler = autoscaler or autoscaler_from_spec(spec, config, forecaster)
 
     @property
     def forecaster(self) -> Forecaster:

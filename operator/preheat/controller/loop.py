@@ -34,6 +34,7 @@ from preheat.controller.spec import (
     describe_error,
     parse_spec,
 )
+from preheat.policy.decide import clean_cold_starts, cold_start_s
 from preheat.policy.types import Decision, Observation, PolicyConfig, Reason
 
 log = logging.getLogger("preheat.loop")
@@ -108,6 +109,32 @@ def retry_conflict(fn: Any, attempts: int = 5) -> Any:
                 raise
             time.sleep(0.05 * (2**i))
     return None
+
+
+def observation(now_s: float, counts: actuation.PodCounts, samples: tuple[float, ...],
+                observed: MetricsResult) -> Observation:
+    """What the policy sees this step. `current_serving` is the Ready pods labelled serving: new pods
+    start in the warm pool and are promoted when Ready, so no starting pod is ever labelled serving
+    (the simulator reports the same, `ReplicaPool.observed_serving`)."""
+    return Observation(
+        time_s=now_s,
+        value=observed.value if observed.available else None,
+        value_panic=observed.value_panic if observed.available else None,
+        stale=not observed.available,
+        serving_ready=counts.serving_ready,
+        warm_ready=counts.warm_ready,
+        starting=counts.starting,
+        current_serving=counts.serving_ready,
+        cold_start_samples_s=samples,
+        queue=observed.queue,
+        running=observed.running,
+    )
+
+
+def planned_cold_start_s(config: PolicyConfig, samples: tuple[float, ...]) -> float | None:
+    """status.coldStartSeconds: the cold start the lead time plans with (the policy's own quantile
+    function and quantile), None before any pod was seen Ready."""
+    return cold_start_s(config, samples) if clean_cold_starts(samples) else None
 
 
 class Autoscaling:
@@ -261,26 +288,14 @@ class Autoscaling:
                 while len(mem.cold_starts) > COLD_START_WINDOW:
                     mem.cold_starts.pop(next(iter(mem.cold_starts)))
         samples = tuple(mem.cold_starts.values())
-        cold_p90 = actuation.percentile(list(samples), 0.9)
+        cold_p90 = planned_cold_start_s(brain.config, samples)
 
         observed: MetricsResult = self.source(spec).observe(signal_queries(namespace, name, spec))
         if observed.available:
             mem.metrics_failures = 0
         else:
             mem.metrics_failures += 1
-        obs = Observation(
-            time_s=now_s,
-            value=observed.value if observed.available else None,
-            value_panic=observed.value_panic if observed.available else None,
-            stale=not observed.available,
-            serving_ready=counts.serving_ready,
-            warm_ready=counts.warm_ready,
-            starting=counts.starting,
-            current_serving=counts.serving_ready,
-            cold_start_samples_s=samples,
-            queue=observed.queue,
-            running=observed.running,
-        )
+        obs = observation(now_s, counts, samples, observed)
         decision = brain.step(obs)
         preview = spec.scaling.mode is Mode.preview
         plan = actuation.plan(pods, decision.serving, decision.total, current_replicas)

@@ -503,17 +503,8 @@ def _hold(
         promote=min(max(0, serving - current), warm_ready),
         time_s=now if math.isfinite(now) else 0.0,
     )
-    # Windows are not advanced on missing data: a hold is not a recommendation.
-    new_state = PolicyState(
-        last_serving=serving,
-        last_warm=warm,
-        panic_since=state.panic_since,
-        panic_last_over=state.panic_last_over,
-        panic_max=state.panic_max,
-        zero_since=state.zero_since,
-        serving_recommendations=state.serving_recommendations,
-        total_recommendations=state.total_recommendations,
-        cold_start_samples_s=tuple(measured),
-        last_data_s=state.last_data_s,
-    )
+    # Windows are not advanced on missing data: a hold is not a recommendation. Everything else the
+    # policy remembers (the burst envelope included) is kept as it was: `replace`, never a rebuild,
+    # so a field added to PolicyState cannot be dropped here by omission.
+    new_state = replace(state, last_serving=serving, last_warm=warm, cold_start_samples_s=tuple(measured))
     return decision, new_state

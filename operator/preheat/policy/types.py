@@ -81,6 +81,10 @@ class PolicyConfig:
     # Fast panic path (None = off): between full decisions, every panic_interval_s, requests waiting
     # while every slot is busy promote Ready warm replicas (`decide_panic`); nothing else changes.
     panic_interval_s: float | None = None
+    # What a warm replica costs relative to a serving one (1.0: a GPU held idle costs the same; below 1:
+    # a CPU warm pool resized down in place). The policy keeps headroom in the warm pool only when it
+    # is cheaper there than in serving replicas.
+    warm_cost_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -118,6 +122,7 @@ class PolicyConfig:
         finite("queue_cold_start_rate", 0.0)
         finite("burst_memory_s", 0.0)
         finite("burst_threshold", 1.0)
+        finite("warm_cost_fraction", 0.0, lo_open=True)
         if not out:
             if self.target_utilization > 1.0:
                 out.append(f"target_utilization must be <= 1, got {self.target_utilization!r}")
@@ -127,6 +132,8 @@ class PolicyConfig:
                 out.append(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
             if self.warm_pool_min > self.warm_pool_max:
                 out.append(f"warm_pool_min ({self.warm_pool_min}) exceeds warm_pool_max ({self.warm_pool_max})")
+            if not 0.0 < self.warm_cost_fraction <= 1.0:
+                out.append(f"warm_cost_fraction must be in (0, 1], got {self.warm_cost_fraction!r}")
             if self.panic_window_s > self.stable_window_s:
                 out.append("panic_window_s must not exceed stable_window_s")
         for name in ("quantile", "cold_start_quantile"):
@@ -176,9 +183,10 @@ class Observation:
     """What the policy sees at one decision.
 
     `value` is the signal averaged over the stable window (e.g. 60 s), `value_panic` over the short
-    panic window (e.g. 6 s). Counts are pods of this endpoint: `current_serving` is what is labelled
-    serving right now (ready or not), `serving_ready`/`warm_ready` are Ready pods by role and
-    `starting` are pods created but not yet Ready (they are never counted as capacity).
+    panic window (e.g. 6 s). Counts are pods of this endpoint: `current_serving` is the Ready pods
+    labelled serving (new pods start warm and are promoted when Ready, so no starting pod is labelled
+    serving; the operator and the simulator report the same), `serving_ready`/`warm_ready` are Ready
+    pods by role and `starting` are pods created but not yet Ready (never counted as capacity).
     `queue` is requests waiting for a slot and `running` requests being served, summed over the
     serving replicas (the model server's gauges, read every few seconds); None when unknown.
     """

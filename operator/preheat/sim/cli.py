@@ -32,6 +32,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-tps", type=float, default=40_000.0, help="prefill tokens/s of one request (default 40000)")
     p.add_argument("--decode-ms", type=float, default=25.0, help="decode time per output token (default 25 ms)")
     p.add_argument("--max-replicas", type=int, default=1000)
+    p.add_argument("--spec", metavar="FILE.yaml",
+                   help="an InferenceEndpoint whose scaling Preheat runs (default: the CRD's defaults)")
+    p.add_argument("--warm-cost-fraction", type=float, default=1.0,
+                   help="a warm replica's cost relative to a serving one (default 1.0: a GPU held idle)")
     p.add_argument("--preheat", action="append", default=[], metavar="KEY=VALUE",
                    help="override a PolicyConfig field of Preheat (repeatable), e.g. warm_pool_max=6")
     p.add_argument("--seed", type=int, default=0)
@@ -95,17 +99,7 @@ def plot_window(arg: str | None) -> tuple[float, float] | None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     names = policies_from(args.policy)
     window = plot_window(args.plot_window)
-    if args.slots is not None and args.slots < 1:
-        raise SimError(f"--slots must be at least 1, got {args.slots}")
-    if args.peak_replicas < 1:
-        raise SimError(f"--peak-replicas must be at least 1, got {args.peak_replicas}")
-    settings = SimSettings(
-        slo_ms=args.slo_ms, capacity_rps=args.capacity_rps, capacity_tps=args.capacity_tps, slots=args.slots,
-        target_utilization=args.target_utilization, peak_replicas=args.peak_replicas,
-        prefill_tokens_per_s=args.prefill_tps, decode_s_per_token=args.decode_ms / 1000.0,
-        promotion_s=args.promotion_s, max_replicas=args.max_replicas, seed=args.seed,
-        preheat_overrides=parse_overrides(args.preheat),
-    )
+    settings = settings_from(args)
     trace = load_trace(args.trace, args.rate_scale, args.seed)
     cold = load_cold_start(args.cold_start)
     w = prepare_workload(trace, settings)
@@ -121,6 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cold_start": cold.label,
         "slo_ms": settings.slo_ms,
         "target_utilization": settings.target_utilization,
+        "warm_cost_fraction": settings.warm_cost_fraction,
+        "spec": args.spec,
         "policies": {r.policy: _json_safe(r.summary()) for r in results},
     }
     print(f"{trace.describe()}\n{w.describe()}; cold start {cold.label}; SLO {settings.slo_ms:g} ms TTFT")
@@ -134,6 +130,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plot_results(results, w, args.plot, title=f"{trace.name}, cold start {cold.label}", window_s=window,
                      utilization=settings.target_utilization)
     return out
+
+
+def settings_from(args: argparse.Namespace) -> SimSettings:
+    """The run's settings from the shared flags (`preheat simulate` and `preheat frontier`)."""
+    if args.slots is not None and args.slots < 1:
+        raise SimError(f"--slots must be at least 1, got {args.slots}")
+    if args.peak_replicas < 1:
+        raise SimError(f"--peak-replicas must be at least 1, got {args.peak_replicas}")
+    if not (math.isfinite(args.warm_cost_fraction) and 0 < args.warm_cost_fraction <= 1):
+        raise SimError(f"--warm-cost-fraction must be in (0, 1], got {args.warm_cost_fraction!r}")
+    spec = None
+    if args.spec:
+        from preheat.sim.preheat_policy import load_spec
+
+        spec = load_spec(args.spec)
+    return SimSettings(
+        slo_ms=args.slo_ms, capacity_rps=args.capacity_rps, capacity_tps=args.capacity_tps, slots=args.slots,
+        target_utilization=args.target_utilization, peak_replicas=args.peak_replicas,
+        prefill_tokens_per_s=args.prefill_tps, decode_s_per_token=args.decode_ms / 1000.0,
+        promotion_s=args.promotion_s, max_replicas=args.max_replicas, seed=args.seed,
+        preheat_overrides=parse_overrides(args.preheat), warm_cost_fraction=args.warm_cost_fraction, spec=spec,
+    )
 
 
 def format_table(policies: dict[str, dict[str, Any]]) -> str:

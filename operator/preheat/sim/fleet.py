@@ -140,8 +140,19 @@ class ReplicaPool:
         return self.count[STARTING]
 
     @property
+    def observed_serving(self) -> int:
+        """Ready replicas labelled serving (promotions in flight included): what the operator reports
+        as `current_serving` (its new pods start warm and are promoted when Ready)."""
+        return self.count[SERVING] + self.count[PROMOTING]
+
+    def cost_seconds(self, warm_cost_fraction: float = 1.0) -> float:
+        """Replica-seconds paid for, a warm replica counted at `warm_cost_fraction` of a serving one
+        (starting replicas load the model at full size, so they count in full)."""
+        return self.total_seconds() - (1.0 - warm_cost_fraction) * self.replica_seconds[WARM]
+
+    @property
     def current_serving(self) -> int:
-        """Replicas labelled serving, ready or not (what the operator's Deployment status shows)."""
+        """Replicas that will serve, ready or not: what `apply` moves toward the desired count."""
         return self.count[SERVING] + self.count[PROMOTING] + self.starting_to_serving
 
     # -- transitions ---------------------------------------------------------------------------------

@@ -1,70 +1,103 @@
-"""Preheat's own Autoscaler (the code the operator runs) set up for a simulated endpoint.
+"""Preheat's own Autoscaler (the code the operator runs) built for a simulated endpoint.
 
-Only the PolicyConfig and the forecaster's sample spacing are chosen here; every decision comes from
-`preheat.policy.Autoscaler.step`. `SIM_DEFAULTS` are the settings the README tables use; override any
-PolicyConfig field with `preheat simulate --preheat key=value`.
+The autoscaler comes from an InferenceEndpoint spec through the operator's own function
+(`preheat.controller.brain.autoscaler_from_spec` over `policy_config`): the CRD's defaults, or the
+spec of `preheat simulate --spec FILE.yaml`. There is no second defaults table. The simulator sets
+only what the spec cannot know about a simulated fleet: the per-replica capacity (from the trace or
+--capacity-rps), the target utilization every policy aims at, max_replicas, the promotion time, the
+model server's slots on per-request traces, and what a warm replica costs (--warm-cost-fraction).
+`--preheat key=value` overrides any PolicyConfig field on top (experiments, not defaults).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from preheat.forecast import make_forecaster
-from preheat.policy import Autoscaler, Decision, Observation, PolicyConfig
+from preheat.policy import Decision, Observation
 from preheat.sim.baselines import PROMETHEUS, SimContext
 from preheat.sim.traces import ColdStartModel
 
 if TYPE_CHECKING:
+    from preheat.controller.spec import InferenceEndpointSpec
     from preheat.sim.run import Workload
 
-# Chosen for the README runs (see docs/simulator.md for why each differs from PolicyConfig's default).
-SIM_DEFAULTS: dict[str, Any] = {
-    "decision_interval_s": 15.0,
-    "warm_pool_min": 0,
-    "warm_pool_max": 3,
-    "quantile": 0.8,
-    "burst_memory_s": 120.0,
-    # The fast panic path stays off: the operator has no loop between decisions yet (docs/simulator.md),
-    # and the simulator evaluates only what the operator can run. `--preheat panic_interval_s=3` tries it.
-    "panic_interval_s": None,
-}
+
+def default_spec() -> InferenceEndpointSpec:
+    """The CRD's defaults (a model is required by the CRD; it does not change the scaling)."""
+    from preheat.controller.spec import parse_spec
+
+    return parse_spec({"model": {"builtin": "tiny"}})
+
+
+def load_spec(path: str | Path) -> InferenceEndpointSpec:
+    """An InferenceEndpoint manifest (or a bare `.spec` mapping) from YAML; ValueError says what is wrong."""
+    import yaml
+
+    from preheat.controller.spec import describe_error, parse_spec
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"--spec: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"--spec: cannot read {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"--spec: {path} must hold an InferenceEndpoint (a mapping), got {type(raw).__name__}")
+    if raw.get("kind") not in (None, "InferenceEndpoint"):
+        raise ValueError(f"--spec: {path} is a {raw.get('kind')!r}, not an InferenceEndpoint")
+    body = raw.get("spec", raw) if "kind" in raw or "spec" in raw else raw
+    try:
+        return parse_spec(body)
+    except Exception as e:  # pydantic's ValidationError: the same words a rejected CR gets
+        raise ValueError(f"--spec {path}: {describe_error(e)}") from None
 
 
 class PreheatPolicy:
-    """Adapter: builds PolicyConfig from the workload and forwards `decide` to the Autoscaler."""
+    """Adapter: the spec's autoscaler with the simulated fleet's facts; forwards `decide` to it."""
 
     name = "preheat"
     metrics = PROMETHEUS
 
-    def __init__(self, workload: Workload, cold: ColdStartModel, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(self, workload: Workload, cold: ColdStartModel, overrides: dict[str, Any] | None = None,
+                 spec: InferenceEndpointSpec | None = None, warm_cost_fraction: float = 1.0) -> None:
         self.workload = workload
         self.cold = cold
         self.overrides = dict(overrides or {})
-        self.forecaster_kind = self.overrides.pop("forecaster", "auto")
+        self.spec = spec if spec is not None else default_spec()
+        self.warm_cost_fraction = warm_cost_fraction
+        kind = self.overrides.pop("forecaster", None)
+        if kind is not None:
+            forecasting = self.spec.scaling.forecasting.model_copy(update={"forecaster": str(kind)})
+            scaling = self.spec.scaling.model_copy(update={"forecasting": forecasting})
+            self.spec = self.spec.model_copy(update={"scaling": scaling})
 
-    def prepare(self, ctx: SimContext) -> None:
-        self.ctx = ctx
-        fields = {
-            "min_replicas": 1,
+    def host_fields(self, ctx: SimContext) -> dict[str, Any]:
+        """What the simulated fleet, not the spec, decides."""
+        return {
             "max_replicas": ctx.max_replicas,
             "target_per_replica": ctx.target_per_replica,
             "target_utilization": ctx.target_utilization,
             "promotion_s": self.workload.fleet.promotion_s,
-            "default_cold_start_s": self.cold.quantile(0.9),
+            "warm_cost_fraction": self.warm_cost_fraction,
             # per-request traces have concurrency slots and report running/waiting requests
             "concurrency_per_replica": float(self.workload.fleet.slots) if self._per_request() else None,
-            **SIM_DEFAULTS,
-            **self.overrides,
         }
+
+    def prepare(self, ctx: SimContext) -> None:
+        from preheat.controller.brain import autoscaler_from_spec, policy_config
+
+        self.ctx = ctx
         try:
-            self.config = PolicyConfig(**fields)
+            config = policy_config(self.spec).with_(**self.host_fields(ctx), **self.overrides)
         except TypeError as e:  # an unknown --preheat key
             raise ValueError(f"--preheat: {e}") from None
-        self.interval_s = self.config.decision_interval_s
+        self.config = config
+        self.interval_s = config.decision_interval_s
         # The fast panic path between decisions (per-request traces: it reads the queue gauges).
-        self.panic_interval_s = self.config.panic_interval_s
-        self.autoscaler = Autoscaler(self.config, make_forecaster(self.forecaster_kind, step_s=self.interval_s))
+        self.panic_interval_s = config.panic_interval_s
+        self.autoscaler = autoscaler_from_spec(self.spec, config)
 
     def _per_request(self) -> bool:
         from preheat.sim.traces import RequestTrace

@@ -23,6 +23,7 @@ import numpy as np
 from preheat.policy.types import Decision, Observation
 from preheat.sim.baselines import BASELINES, MetricView, SimContext
 from preheat.sim.fleet import SERVING, FleetConfig, ReplicaPool
+from preheat.sim.preheat_policy import PreheatPolicy
 from preheat.sim.traces import ColdStartModel, RequestTrace, SeriesTrace, Trace
 
 # Fluid model resolution: decisions and replica transitions land on this grid, so a policy that ticks
@@ -50,8 +51,9 @@ class SimSettings:
     capacity_rps: float | None = None  # per replica, flat out; None = auto
     capacity_tps: float | None = None  # scale on tokens/s instead
     slots: int | None = None  # per-request model: concurrency per replica; None = from the capacity
-    target_utilization: float = 0.7
-    peak_replicas: int = 20  # auto capacity: the trace's peak needs this many serving replicas
+    target_utilization: float = 0.7  # what every policy aims at (the frontier sweeps it)
+    peak_replicas: int = 20  # auto capacity: the trace's peak needs this many serving replicas at...
+    sizing_utilization: float = 0.7  # ...this utilization (fixed, so a sweep of the target keeps the fleet)
     prefill_tokens_per_s: float = 40_000.0
     decode_s_per_token: float = 0.025
     service_s: float = 1.0
@@ -60,6 +62,9 @@ class SimSettings:
     max_replicas: int = 1000
     seed: int = 0
     preheat_overrides: dict[str, Any] = field(default_factory=dict)
+    # A warm replica's cost relative to a serving one (1.0: a GPU held idle). Billing and Preheat's policy.
+    warm_cost_fraction: float = 1.0
+    spec: Any = None  # an InferenceEndpointSpec for Preheat (None: the CRD's defaults)
 
 
 @dataclass
@@ -160,7 +165,7 @@ def prepare_workload(trace: Trace, s: SimSettings) -> Workload:
         rate[~ok[window_idx]] = np.nan
         peak = float(np.nanmax(trace.rate_rps))
         initial = float(np.nanmean(rate[: max(1, int(300 / step))])) if np.any(np.isfinite(rate[:60])) else peak
-        cap = s.capacity_rps or peak / (s.target_utilization * s.peak_replicas)
+        cap = s.capacity_rps or peak / (s.sizing_utilization * s.peak_replicas)
         fleet = FleetConfig(capacity_rps=cap, slots=s.slots or 1, **fleet_kw)
         return Workload(trace, fleet, signal, cap, t, rate, peak, initial)
     # per-request
@@ -185,7 +190,7 @@ def prepare_workload(trace: Trace, s: SimSettings) -> Workload:
         slots = s.slots
         target = slots * mean_weight / mean_service
     else:
-        want = peak / (s.target_utilization * s.peak_replicas)
+        want = peak / (s.sizing_utilization * s.peak_replicas)
         slots = max(1, round(want * mean_service / mean_weight))
         target = slots * mean_weight / mean_service  # what `slots` slots really serve
     fleet = FleetConfig(capacity_rps=target / mean_weight, slots=int(slots), **fleet_kw)
@@ -200,9 +205,7 @@ def prepare_workload(trace: Trace, s: SimSettings) -> Workload:
 
 def make_policy(name: str, s: SimSettings, w: Workload, cold: ColdStartModel) -> SimPolicy:
     if name == "preheat":
-        from preheat.sim.preheat_policy import PreheatPolicy
-
-        return PreheatPolicy(w, cold, s.preheat_overrides)
+        return PreheatPolicy(w, cold, s.preheat_overrides, s.spec, s.warm_cost_fraction)
     if name not in BASELINES:
         raise SimError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)} or all")
     return BASELINES[name]()
@@ -306,7 +309,7 @@ def _gauges(now: float, pool: ReplicaPool, queue: float, running: float | None,
     return Observation(
         time_s=now, value=value, value_panic=value_panic, stale=False,
         serving_ready=pool.serving_ready, warm_ready=pool.warm_ready, starting=pool.starting,
-        current_serving=pool.current_serving, cold_start_samples_s=tuple(pool.observed_cold_starts), queue=queue,
+        current_serving=pool.observed_serving, cold_start_samples_s=tuple(pool.observed_cold_starts), queue=queue,
         running=running,
     )
 
@@ -347,7 +350,7 @@ def simulate(w: Workload, policy: SimPolicy, cold: ColdStartModel, s: SimSetting
     result = SimResult(
         policy=policy.name, requests=total, slo_attainment=ok / total if total else 1.0,
         p50_latency_ms=None if p50 is None else p50 * 1000, p99_latency_ms=None if p99 is None else p99 * 1000,
-        replica_seconds=pool.total_seconds(), replica_seconds_by_state=dict(pool.replica_seconds),
+        replica_seconds=pool.cost_seconds(s.warm_cost_fraction), replica_seconds_by_state=dict(pool.replica_seconds),
         scale_actions=rec.ups + rec.downs, scale_ups=rec.ups, scale_downs=rec.downs,
         cold_starts=pool.cold_starts, promotions=pool.promotions, decisions=len(rec.rows), reasons=rec.reasons,
         timeline=tl,

@@ -26,8 +26,10 @@ PEERING = "preheat-peering-test"
 
 
 def _reconciles(metrics_text: str) -> float:
-    """Loop steps and reconciles this process ran (preheat_reconcile_total, every outcome)."""
-    return sum(float(v) for v in re.findall(r'^preheat_reconcile_total\{[^}]*\} ([0-9.e+]+)$', metrics_text, re.M))
+    """Reconciles and autoscale steps this process ran (preheat_reconcile_total and
+    preheat_autoscale_steps_total, every outcome)."""
+    pattern = r'^preheat_(?:reconcile|autoscale_steps)_total\{[^}]*\} ([0-9.e+]+)$'
+    return sum(float(v) for v in re.findall(pattern, metrics_text, re.M))
 
 
 def _operator_events(cv, name: str) -> list[dict]:

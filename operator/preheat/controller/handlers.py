@@ -1,11 +1,13 @@
 """Kopf handlers: thin glue from InferenceEndpoint events to the builders, the loop and the API.
 
-- create/update/resume -> `reconcile`: parse the spec, build Deployment/Service/PDB, create what is
-  missing and bring what drifted back to the built form (idempotent; a template change rolls the
-  Deployment, nothing else does).
+- create/update/resume -> `reconcile`: build Deployment/Service/PDB, create what is missing and bring
+  what drifted back to the built form (idempotent; a template change rolls the Deployment, nothing
+  else does).
 - one daemon per endpoint -> `autoscale`: runs `loop.Autoscaling.step` every interval in a worker
   thread and posts the Events it returns.
-Importing this module registers the handlers on Kopf's default registry.
+Both parse the spec once per event or step, in `_parsed`, the one path that writes the InvalidSpec
+status; what they call gets the parsed spec. Importing this module registers the handlers on Kopf's
+default registry.
 """
 
 from __future__ import annotations
@@ -21,15 +23,20 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from preheat.controller import builders
+from preheat.controller import builders, metrics
 from preheat.controller import status as st
 from preheat.controller.kube import shared_api
 from preheat.controller.loop import Autoscaling, retry_conflict
-from preheat.controller.spec import GROUP, PLURAL, VERSION, describe_error, parse_spec
+from preheat.controller.spec import GROUP, PLURAL, VERSION, InferenceEndpointSpec, describe_error, parse_spec
 
 log = logging.getLogger("preheat.handlers")
 
 TEMPLATE_HASH = "preheat.dev/template-hash"
+INVALID_SPEC_RETRY_S = 30.0  # the daemon re-reads an invalid spec this often (a fix arrives as an update)
+
+
+class InvalidSpec(Exception):
+    """The endpoint's spec does not validate; the message says which field and why."""
 
 
 def _hash(obj: Any) -> str:
@@ -94,11 +101,10 @@ def _ensure(kind: str, read: Any, create: Any, update: Any, desired: dict[str, A
     return None
 
 
-def reconcile_objects(body: dict[str, Any]) -> list[str]:
+def reconcile_objects(body: dict[str, Any], spec: InferenceEndpointSpec) -> list[str]:
     """Bring the endpoint's Deployment, Service and PDB to their built form. Returns actions taken."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    spec = parse_spec(body.get("spec") or {})
     api = shared_api()
     core, apps, policy = client.CoreV1Api(api), client.AppsV1Api(api), client.PolicyV1Api(api)
     actions: list[str] = []
@@ -166,7 +172,7 @@ def reconcile_objects(body: dict[str, Any]) -> list[str]:
     return actions
 
 
-def _invalid(body: Any, message: str) -> None:
+def _write_invalid_status(body: dict[str, Any], message: str) -> None:
     meta = body["metadata"]
     status = st.build_status(
         generation=meta.get("generation"),
@@ -183,23 +189,31 @@ def _invalid(body: Any, message: str) -> None:
         log.warning("cannot write status of %s/%s: %s", meta["namespace"], meta["name"], exc)
 
 
+async def _parsed(body: dict[str, Any]) -> InferenceEndpointSpec:
+    """The spec of this event or step, parsed once. Invalid: Ready=False with reason InvalidSpec and
+    the message in status, then InvalidSpec is raised (the caller decides whether to retry)."""
+    try:
+        return parse_spec(body.get("spec") or {})
+    except Exception as exc:  # ValidationError with field paths; anything else is reported the same way
+        message = describe_error(exc)
+        await asyncio.to_thread(_write_invalid_status, body, message)
+        raise InvalidSpec(message) from exc
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def reconcile(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     plain = _plain(body)
     try:
-        parse_spec(plain.get("spec") or {})
-    except Exception as exc:
-        message = describe_error(exc)
-        await asyncio.to_thread(_invalid, plain, message)
-        kopf.warn(body, reason="InvalidSpec", message=message)
-        raise kopf.PermanentError(f"invalid spec: {message}") from exc
-    from preheat.controller import metrics
-
+        spec = await _parsed(plain)
+    except InvalidSpec as exc:
+        # One Warning Event per rejected spec (the daemon only keeps the status current).
+        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     with metrics.reconcile_duration.time():
         try:
-            actions = await asyncio.to_thread(reconcile_objects, plain)
+            actions = await asyncio.to_thread(reconcile_objects, plain, spec)
         except ApiException as exc:
             metrics.reconciles.labels("error").inc()
             raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
@@ -207,6 +221,26 @@ async def reconcile(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     for action in actions:
         kopf.info(body, reason="Reconciled", message=action)
         logger.info(action)
+
+
+async def _autoscale_step(loop: Autoscaling, body: kopf.Body, logger: logging.Logger) -> float:
+    """One step of the endpoint's loop (counted and timed); returns the seconds until the next."""
+    plain = _plain(body)
+    try:
+        spec = await _parsed(plain)
+    except InvalidSpec:
+        return INVALID_SPEC_RETRY_S
+    with metrics.autoscale_step_duration.time():
+        try:
+            result = await asyncio.to_thread(loop.step, plain, spec)
+        except Exception:
+            metrics.autoscale_steps.labels("error").inc()
+            raise
+    metrics.autoscale_steps.labels("success").inc()
+    for ev in result.events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1024])
+        logger.info("%s: %s", ev.reason, ev.message)
+    return result.sleep_s
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -219,12 +253,8 @@ async def autoscale(body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Mem
     try:
         while not stopped:
             try:
-                result = await asyncio.to_thread(loop.step, _plain(body))
+                sleep = await _autoscale_step(loop, body, logger)
                 errors = 0
-                sleep = result.sleep_s
-                for ev in result.events:
-                    kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1024])
-                    logger.info("%s: %s", ev.reason, ev.message)
             except Exception as exc:  # API hiccup, 409 storm, a bug: log, back off, keep going
                 errors += 1
                 sleep = min(60.0, 2.0 ** min(errors, 6))

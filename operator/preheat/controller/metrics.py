@@ -41,10 +41,21 @@ scale_actions = Counter(
 )
 promotions = Counter("preheat_promotions_total", "Warm -> serving relabels.", EP, registry=REGISTRY)
 demotions = Counter("preheat_demotions_total", "Serving -> warm relabels.", EP, registry=REGISTRY)
+# Two kinds of work, counted apart: a reconcile (create/update/resume: the Deployment, Service and
+# PDB brought to their built form) and an autoscale step (one pass of an endpoint's loop).
 reconciles = Counter("preheat_reconcile_total", "Reconciles by outcome.", ["outcome"], registry=REGISTRY)
 reconcile_duration = Histogram(
     "preheat_reconcile_duration_seconds",
-    "Reconcile duration (create/update/resume and each autoscaling step).",
+    "Reconcile duration (create/update/resume).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+autoscale_steps = Counter(
+    "preheat_autoscale_steps_total", "Autoscale steps by outcome.", ["outcome"], registry=REGISTRY
+)
+autoscale_step_duration = Histogram(
+    "preheat_autoscale_step_duration_seconds",
+    "Autoscale step duration (observe, decide, actuate, write status).",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )

@@ -2,7 +2,7 @@
 
 The plan is computed from the pods as they are (labels, readiness, container states), never from
 what the operator remembers, so a restart half-way through a scale-up recomputes the same plan and
-never promotes twice. `apply_plan` in handlers.py does the I/O.
+never promotes twice. `Autoscaling._apply` in loop.py does the I/O.
 
 Counting rules (the usual reactive-autoscaler failure modes, avoided):
 - only Ready pods are capacity; pods being deleted are nothing;
@@ -14,7 +14,7 @@ Counting rules (the usual reactive-autoscaler failure modes, avoided):
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -62,7 +62,6 @@ class PodView:
     failing: bool
     failure: str
     deletion_cost: str | None
-    restarts: int = 0
 
     @property
     def cold_start_s(self) -> float | None:
@@ -84,11 +83,10 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         if cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
             ready_since = _ts(cond.get("lastTransitionTime")) if ready else None
-    failing, failure, restarts = False, "", 0
+    failing, failure = False, ""
     if status.get("phase") == "Failed":
         failing, failure = True, status.get("message") or status.get("reason") or "pod failed"
     for cs in status.get("containerStatuses") or []:
-        restarts += int(cs.get("restartCount") or 0)
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
         terminated = state.get("terminated") or {}
@@ -116,7 +114,6 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         failing=failing,
         failure=failure,
         deletion_cost=annotations.get(DELETION_COST),
-        restarts=restarts,
     )
 
 
@@ -165,7 +162,6 @@ class Plan:
     fix_cost: tuple[PodPatch, ...] = ()
     replicas: int | None = None  # None: leave the Deployment's replicas alone
     shortfall: int = 0  # serving replicas wanted but not yet available (no Ready warm pod to promote)
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def empty(self) -> bool:

@@ -2,7 +2,8 @@
 
 Every cross-field rule lives twice on purpose: as a pydantic validator (the operator never acts on a
 spec it cannot explain) and as a CEL rule in the CRD (the API server rejects it before it is stored).
-`tests/operator/test_crd.py` proves the two agree on the bad samples.
+`tests/operator/test_spec_crd.py` checks that both explain a bad spec in the same words, and
+`tests/operator/test_operator_cluster.py` that a real API server rejects the bad samples.
 """
 
 from __future__ import annotations

@@ -36,8 +36,14 @@ def _cpuinfo() -> dict[str, str]:
 
 
 def cpu_flags() -> frozenset[str]:
-    """Every feature flag the kernel reports for this CPU."""
-    return frozenset(_cpuinfo().get("flags", "").split())
+    """Every feature flag the kernel reports for this CPU.
+
+    ``PREHEAT_CPU_FLAGS`` (space-separated) narrows them to those listed, so the kernels of an older CPU
+    can be chosen and checked on a newer one; it never adds a feature the CPU lacks.
+    """
+    flags = frozenset(_cpuinfo().get("flags", "").split())
+    narrowed = os.environ.get("PREHEAT_CPU_FLAGS")
+    return flags if narrowed is None else flags & frozenset(narrowed.split())
 
 
 def cpu_model() -> str:

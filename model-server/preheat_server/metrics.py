@@ -8,6 +8,7 @@ Names follow vLLM's where vLLM has one (so existing dashboards and autoscaler qu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -27,6 +28,9 @@ OUTCOMES = ("success", "invalid", "queue_full", "unavailable", "cancelled", "err
 APIS = ("completions", "chat", "embeddings")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:  # the report's type only: metrics stay importable without torch
+    from preheat_server.models.kernels import KernelReport
 
 
 @dataclass
@@ -60,6 +64,7 @@ class ServerMetrics:
     embedding_tokens: Counter
     embedding_batch_size: Histogram
     embedding_queue_delay: Histogram
+    kernels_info: Gauge
 
     @classmethod
     def create(cls, model_name: str) -> ServerMetrics:
@@ -125,6 +130,10 @@ class ServerMetrics:
                                       "Texts per embedding forward pass (dynamic batching).", BATCH_BUCKETS),
             embedding_queue_delay=hist("preheat:embedding_queue_delay_seconds",
                                        "Time an embedding input waited for its batch.", TTFT_BUCKETS),
+            kernels_info=gauge("preheat:kernels_info",
+                               "1 per loaded model: the kernel running most of its linears, chosen from the CPU's "
+                               "features (bf16_compute: native, emulated or reference).",
+                               [*m, "device", "precision", "kernel", "bf16_compute", "cpu_model"]),
         )
         metrics._prime()
         return metrics
@@ -153,6 +162,10 @@ class ServerMetrics:
         for metric in (self.embedding_inputs, self.embedding_tokens, self.embedding_batch_size,
                        self.embedding_queue_delay):
             metric.labels(embedding_model_name)
+
+    def set_kernels(self, model_name: str, report: KernelReport) -> None:
+        self.kernels_info.labels(model_name, report.device, report.precision, report.main_kernel,
+                                 report.bf16_compute, report.cpu_model).set(1.0)
 
     def set_state(self, state: str) -> None:
         for s in SERVER_STATES:

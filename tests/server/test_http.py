@@ -290,6 +290,11 @@ async def test_metrics_add_up(start_http_server: Any, http_tiny_model: Any) -> N
     assert m[("preheat:batch_size_count", ())] >= 1
     assert m[("preheat:server_state", (("state", "ready"),))] == 1
     assert m[("preheat:model_load_seconds", ())] > 0
+    # The kernels the loader chose on this CPU are exported as one info series.
+    report = http_tiny_model.kernels
+    kernel_labels = (("bf16_compute", report.bf16_compute), ("cpu_model", report.cpu_model), ("device", "cpu"),
+                     ("kernel", report.main_kernel), ("precision", "fp32"))
+    assert m[("preheat:kernels_info", kernel_labels)] == 1
     queries = m[("vllm:prefix_cache_queries_total", ())]
     assert 0 < m[("vllm:prefix_cache_hits_total", ())] <= queries   # the prompts share a prefix
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from preheat_server import hardware
 from preheat_server.engine import EngineConfig, LLMEngine, SamplingParams
 from preheat_server.models import BUILTIN_MODELS, ModelConfig, load_model
 from preheat_server.models.builtin import (
@@ -19,7 +20,12 @@ from preheat_server.models.builtin import (
     train_tokenizer,
     write_builtin,
 )
-from preheat_server.models.cpu_gemm import PackedLinear, pack_linear, prepack_available
+from preheat_server.models.cpu_gemm import (
+    PackedLinear,
+    bf16_prepack_supported,
+    pack_linear,
+    prepack_available,
+)
 from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers", reason="transformers is the dev-extra reference")
@@ -113,35 +119,78 @@ def test_fused_projections_equal_the_unfused_model(tmp_path, tokenizer_obj, chan
     torch.testing.assert_close(a[0], hf_logits(folder, PROMPT * 3), rtol=1e-4, atol=1e-4)
 
 
+# A Zen 3 / Haswell-class CPU: AVX2 and FMA, no AVX-512, no AMX, no AVX-NE-CONVERT. PREHEAT_CPU_FLAGS narrows
+# the detected flags to these, so the kernels such a CPU gets are chosen and checked on any machine.
+AVX2_ONLY = "avx avx2 fma f16c sse4_2"
+
+
+@pytest.mark.parametrize("cpu", ["this-cpu", "avx2-only"])
 @pytest.mark.parametrize("changes", [{}, {"tie_word_embeddings": True, "attention_bias": True}],
                          ids=["untied", "tied-bias"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_prepacked_cpu_linears_equal_the_plain_ones(tmp_path, tokenizer_obj, changes, precision):
-    """oneDNN-prepacked linears (the CPU default): same logits within GEMM rounding, same greedy tokens,
-    same weight bytes; a tied lm_head stays the embedding's plain table."""
+def test_cpu_linears_follow_the_cpu_and_equal_the_plain_ones(tmp_path, tokenizer_obj, monkeypatch, changes,
+                                                             precision, cpu):
+    """The CPU default: oneDNN-prepacked linears where the CPU has oneDNN's path for the precision (fp32:
+    any x86-64; bf16: AVX-512 BW/VL/DQ or AVX-NE-CONVERT), aten's plain ones otherwise. Either way the
+    same logits within GEMM rounding, the same greedy tokens and weight bytes as an unpacked load, and
+    the kernel report names what was chosen; a tied lm_head stays the embedding's plain table."""
     if not prepack_available():
         pytest.fail("this torch build has no oneDNN linear ops; the CPU default cannot be tested")
+    if cpu == "avx2-only":
+        monkeypatch.setenv("PREHEAT_CPU_FLAGS", AVX2_ONLY)
     folder = variant_folder(tmp_path, tokenizer_obj, **changes)
-    packed = load_model(str(folder), device="cpu", precision=precision)
+    chosen = load_model(str(folder), device="cpu", precision=precision)
     plain = load_model(str(folder), device="cpu", precision=precision, prepack=False)
-    layer = packed.model.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_proj, PackedLinear) and isinstance(layer.mlp.down_proj, PackedLinear)
+    # fp32 packs on any x86-64; without AVX-512 BW/VL/DQ or AVX-NE-CONVERT, bf16 must take the fallback.
+    packs = precision == "fp32" or (cpu == "this-cpu" and bf16_prepack_supported(hardware.cpu_flags()))
+    layer = chosen.model.model.layers[0]
+    kind = PackedLinear if packs else torch.nn.Linear
+    assert type(layer.self_attn.qkv_proj) is kind and type(layer.mlp.down_proj) is kind
     assert (layer.self_attn.qkv_proj.bias is not None) == bool(changes.get("attention_bias"))
     tied = bool(changes.get("tie_word_embeddings"))
-    assert isinstance(packed.model.lm_head, torch.nn.Linear) == tied
+    assert set(chosen.kernels.kernels) == ({"onednn_prepacked"} | ({"aten"} if tied else set())
+                                           if packs else {"aten"})
+    assert (type(chosen.model.lm_head) is torch.nn.Linear) == (tied or not packs)
     if tied:
-        assert packed.model.lm_head.weight is packed.model.model.embed_tokens.weight
-    assert packed.weight_bytes == plain.weight_bytes > 0
+        assert chosen.model.lm_head.weight is chosen.model.model.embed_tokens.weight
+    assert chosen.weight_bytes == plain.weight_bytes > 0
     ids = torch.tensor([PROMPT * 3])
-    a, b = packed.model.forward_dense(ids), plain.model.forward_dense(ids)
+    a, b = chosen.model.forward_dense(ids), plain.model.forward_dense(ids)
     tol = 1e-4 if precision == "fp32" else 5e-2
     torch.testing.assert_close(a, b, rtol=tol, atol=tol)
-    if precision == "fp32":
+    if precision == "fp32" or not packs:
         assert torch.equal(a.argmax(-1), b.argmax(-1))
         prompts = [PROMPT, PROMPT[:7], PROMPT * 2]
         greedy = SamplingParams(max_tokens=10, ignore_eos=True)
-        assert (LLMEngine(packed, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy)
+        assert (LLMEngine(chosen, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy)
                 == LLMEngine(plain, EngineConfig(num_kv_blocks=32)).generate(prompts, greedy))
+
+
+@pytest.mark.parametrize(("flags", "prepack", "compute"), [
+    ("avx avx2 fma f16c", False, "reference"),                         # Zen 3, Haswell .. Comet Lake
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq", True, "emulated"),  # Skylake-X, Ice Lake
+    ("avx2 fma avx_ne_convert avx_vnni", True, "emulated"),            # Sierra Forest, Arrow Lake
+    ("avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16", True, "native"),  # Zen 4, Cooper Lake
+    ("avx2 avx512bw avx512vl avx512dq amx_bf16 amx_tile", True, "native"),   # Sapphire Rapids
+])
+def test_bf16_kernel_choice_follows_the_cpu_flags(flags, prepack, compute):
+    """oneDNN's bf16 condition (its own refusal message) and whether bf16 arithmetic is native, per CPU."""
+    from preheat_server.models.kernels import bf16_compute
+
+    assert bf16_prepack_supported(frozenset(flags.split())) is prepack
+    assert bf16_compute(frozenset(flags.split())) == compute
+
+
+def test_kernel_report_says_when_bf16_is_slower_than_fp32(monkeypatch):
+    """On a CPU without native bf16, a bf16 load still works, and its start-up line says it is slower."""
+    monkeypatch.setenv("PREHEAT_CPU_FLAGS", AVX2_ONLY)
+    loaded = load_model("tiny", device="cpu", precision="bf16")
+    report = loaded.kernels
+    assert report.bf16_compute == "reference" and report.main_kernel == "aten"
+    assert "slower than fp32" in report.line() and "avx2" in report.line()
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
+    fp32 = load_model("tiny", device="cpu", precision="fp32").kernels
+    assert fp32.main_kernel == "onednn_prepacked" and fp32.warning is None
 
 
 def test_pack_linear_declines_what_onednn_should_not_run():

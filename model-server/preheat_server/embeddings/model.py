@@ -11,6 +11,8 @@ from tokenizers import Tokenizer
 
 from preheat_server.embeddings.bert import BertEncoder
 from preheat_server.models.cpu_gemm import prepack_linears
+from preheat_server.models.kernels import KernelReport
+from preheat_server.models.kernels import report as kernel_report
 
 BUILTIN_EMBEDDING_MODELS = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 # Precisions an embedding model runs at (CPU). fp32 is the default: vectors in one index must come from
@@ -45,7 +47,8 @@ class EmbeddingModel:
     """A BERT encoder plus its WordPiece tokenizer; `embed(texts)` returns unit vectors [N, dim]."""
 
     def __init__(self, name: str, encoder: BertEncoder, tokenizer: Tokenizer, max_seq_length: int,
-                 load_seconds: float, precision: str = "fp32") -> None:
+                 load_seconds: float, precision: str = "fp32",
+                 kernels: KernelReport | None = None) -> None:
         self.name = name
         self.precision = precision
         self.encoder = encoder
@@ -54,6 +57,7 @@ class EmbeddingModel:
         self.dimension = encoder.config.hidden_size
         self.load_seconds = load_seconds
         self.pad_id = tokenizer.token_to_id("[PAD]") or 0
+        self.kernels = kernels  # which kernel runs each linear: the server's start-up line and info metric
 
     @classmethod
     def load(cls, name_or_path: str, device: str = "cpu", precision: str | None = None,
@@ -83,7 +87,8 @@ class EmbeddingModel:
             max_len = min(max_len, int(json.loads(st_config.read_text()).get("max_seq_length", max_len)))
         name = name_or_path if name_or_path in BUILTIN_EMBEDDING_MODELS else folder.name
         return cls(name.removeprefix("sentence-transformers/"), encoder, tokenizer, max_len,
-                   time.perf_counter() - start, precision)
+                   time.perf_counter() - start, precision,
+                   kernel_report(encoder, torch.device(device).type, precision))
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """WordPiece ids with [CLS] ... [SEP] for each text."""

@@ -8,8 +8,9 @@ oneDNN's matmul on the same fp32 weights reordered once into its blocked layout 
 fp32 (bf16) GEMM either way, and a row's result does not depend on the other rows of the batch.
 
 The ops (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``) are internal to PyTorch, so
-they are used only where they exist and a probe product agrees with ``F.linear``; otherwise the layer
-stays a plain ``nn.Linear``. The reordered weight is an opaque oneDNN tensor: it is kept as a plain
+they are used only where they exist, where the CPU has oneDNN's path for the dtype (bf16 needs AVX-512 BW/VL/DQ
+or AVX-NE-CONVERT; fp32 runs on any x86-64) and a probe product agrees with ``F.linear``; otherwise the layer
+stays a plain ``nn.Linear``. ``kernels.report`` says at start-up which layers got which kernel. The reordered weight is an opaque oneDNN tensor: it is kept as a plain
 attribute, not a parameter, so state dicts and byte counts see only real tensors (the loader counts
 weight bytes before packing; the packed copy replaces the original, it does not add to it).
 """
@@ -22,12 +23,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import hardware
+
 log = logging.getLogger(__name__)
 
 # Batch-size hint for oneDNN's weight layout. Measured: a layout picked for 32 rows runs 1-512 rows as
 # fast as one picked for each (a 1-row layout lost 20 % at 32 rows).
 _ROWS_HINT = 32
 _DTYPES = (torch.float32, torch.bfloat16)
+# oneDNN's own condition for its bf16 path (its refusal reads "bf16 path needs the cpu support
+# avx_ne_convert or avx512bw, avx512vl and avx512dq").
+_BF16_PREPACK_BASE = frozenset({"avx512bw", "avx512vl", "avx512dq"})
+
+
+def bf16_prepack_supported(flags: frozenset[str] | None = None) -> bool:
+    """Whether oneDNN can reorder and run bf16 linear weights on this CPU (from its flags)."""
+    flags = hardware.cpu_flags() if flags is None else flags
+    return "avx_ne_convert" in flags or flags >= _BF16_PREPACK_BASE
 
 
 def prepack_available() -> bool:
@@ -60,6 +72,8 @@ def pack_linear(lin: nn.Linear) -> PackedLinear | None:
     w = lin.weight.data
     if w.device.type != "cpu" or w.dtype not in _DTYPES or not prepack_available():
         return None
+    if w.dtype == torch.bfloat16 and not bf16_prepack_supported():
+        return None  # the CPU lacks oneDNN's bf16 path: aten's plain bf16 linear runs instead
     bias = None if lin.bias is None else lin.bias.data
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(w, _ROWS_HINT)

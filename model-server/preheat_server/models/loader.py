@@ -17,6 +17,8 @@ from safetensors import safe_open
 from .builtin import BUILTIN_SPECS, ensure_builtin
 from .config import ModelConfig
 from .cpu_gemm import prepack_linears
+from .kernels import KernelReport
+from .kernels import report as kernel_report
 from .llama import LlamaForCausalLM
 from .tokenizer import Tokenizer
 
@@ -36,6 +38,7 @@ class LoadedModel:
     weight_bytes: int
     load_seconds: float
     path: Path
+    kernels: KernelReport | None = None  # which kernel runs each linear (the start-up line and info metric)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -180,4 +183,5 @@ def load_model(name_or_path: str, device: str = "auto", precision: str | None = 
         weight_bytes=nbytes,
         load_seconds=time.perf_counter() - t0,
         path=folder,
+        kernels=kernel_report(model, dev.type, precision),
     )

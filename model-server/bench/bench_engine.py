@@ -27,7 +27,6 @@ import csv
 import hashlib
 import json
 import os
-import platform
 import random
 import statistics
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import torch
 from preheat_server.engine import EngineConfig, LLMEngine, SamplingParams
+from preheat_server.hardware import machine_record
 from preheat_server.models import load_model
 from preheat_server.models.cpu_gemm import PackedLinear
 
@@ -345,7 +345,8 @@ def main() -> None:
     result: dict = {
         "model": loaded.name, "device": str(loaded.device), "precision": loaded.precision,
         "threads": args.threads, "torch": torch.__version__, "transformers": transformers.__version__,
-        "machine": platform.machine(), "cpu_count": torch.get_num_threads(),
+        "machine": machine_record(), "cpu_count": torch.get_num_threads(),
+        "kernels": loaded.kernels.line() if loaded.kernels else None,
         "load_seconds": loaded.load_seconds, "workloads": {},
         "engine_linears": (f"oneDNN, weights prepacked at load ({packed} layers)" if packed
                            else "aten F.linear"),

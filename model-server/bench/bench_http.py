@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from preheat_server.hardware import machine_record
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = [
@@ -259,8 +260,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-http-"))
     result: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_at_start": os.getloadavg()},
+        "machine": {**machine_record(), "platform": platform.platform()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     timeout = aiohttp.ClientTimeout(total=3600)

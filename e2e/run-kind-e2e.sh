@@ -6,7 +6,7 @@
 #   e2e/run-kind-e2e.sh            # everything; deletes the cluster at the end
 #   KEEP_CLUSTER=1 e2e/run-kind-e2e.sh   # leave the cluster up for a look around
 #
-# Environment: KIND (kind binary), HELM, KUBECTL, PYTHON (a venv with `pip install -e .[operator,dev]`),
+# Environment: KIND (kind binary), HELM, KUBECTL, PYTHON (a venv with `pip install -e .[operator,dev] -e ./lab`),
 # TRACE (trace file for the replay; default the committed Azure code-trace excerpt), COMPRESS (10),
 # REPLAY_SECONDS (wall-clock cap on the replay, 90).
 set -euo pipefail

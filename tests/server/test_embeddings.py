@@ -75,10 +75,19 @@ def test_prepacked_linears_equal_plain_ones(http_embedding_model: Any) -> None:
     torch.testing.assert_close(http_embedding_model.embed(TEXTS), plain.embed(TEXTS), atol=1e-5, rtol=1e-4)
 
 
-def test_bf16_embeddings_stay_close_to_fp32(http_embedding_model: Any) -> None:
+@pytest.mark.parametrize("cpu", ["this-cpu", "avx2-only"])
+def test_bf16_embeddings_stay_close_to_fp32(http_embedding_model: Any, monkeypatch: Any, cpu: str) -> None:
+    """bf16 vectors stay within cosine 0.99 of fp32 on this CPU's kernels and on an AVX2-only CPU's
+    (PREHEAT_CPU_FLAGS narrows the flags: oneDNN's bf16 path is then not taken, aten's plain one is)."""
     from preheat_server.embeddings import EmbeddingModel
+    from preheat_server.models.cpu_gemm import PackedLinear, bf16_prepack_supported
 
+    if cpu == "avx2-only":
+        monkeypatch.setenv("PREHEAT_CPU_FLAGS", "avx avx2 fma f16c")
     bf16 = EmbeddingModel.load("all-MiniLM-L6-v2", precision="bf16")
+    packed = any(isinstance(m, PackedLinear) for m in bf16.encoder.modules())
+    assert packed == (cpu == "this-cpu" and bf16_prepack_supported())
+    assert bf16.kernels.main_kernel == ("onednn_prepacked" if packed else "aten")
     assert bf16.precision == "bf16"
     assert {p.dtype for p in bf16.encoder.parameters()} == {torch.bfloat16}
     low, ref = bf16.embed(TEXTS), http_embedding_model.embed(TEXTS)

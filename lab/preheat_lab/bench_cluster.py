@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 from preheat_cluster import LocalCluster
+from preheat_server.hardware import machine_record
 
 
 def _cpu_s(pid: int) -> float:
@@ -38,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="preheat-bench-") as tmp:
         cluster = LocalCluster(state_dir=Path(tmp) / "cluster")
-        result: dict = {"pods": args.pods, "cpu_count": os.cpu_count()}
+        result: dict = {"pods": args.pods, "cpu_count": os.cpu_count(), "machine": machine_record()}
         try:
             result["start_to_ready_s"] = round(cluster.up(quiet=True), 2)
             cfg = client.Configuration()

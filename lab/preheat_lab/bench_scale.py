@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from preheat_server.hardware import machine_record
+
 
 def _rss_kib(pid: int) -> dict[str, int]:
     out = {}
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         op = subprocess.Popen([sys.executable, "-m", "preheat", "operator", "--namespace", ns, "--prometheus-url", prom,
                                "--metrics-port", "0", "--log-format", "json"], stdout=log, stderr=subprocess.STDOUT,
                               env=env)
-    result: dict[str, Any] = {"count": args.count, "host": platform.node(), "cpus": os.cpu_count()}
+    result: dict[str, Any] = {"count": args.count, "host": platform.node(), "cpus": os.cpu_count(),
+                              "machine": machine_record()}
     try:
         time.sleep(5)  # imports + first watch
         result["rss_idle_kib"] = _rss_kib(op.pid)

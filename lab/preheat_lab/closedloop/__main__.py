@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from preheat_server.hardware import machine_record
+
 from . import workload as W
 from .experiment import MODES, LoopConfig, compare
 from .plot import plot_comparison
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     comp = asyncio.run(compare(cfg, arrivals, modes, workload))
     out = comp.to_json()
     out["wall_s"] = time.monotonic() - t0
+    out["machine"] = machine_record()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=float))
     plot_comparison(out, args.plot, cfg.target_per_replica)

@@ -64,8 +64,8 @@ class KernelReport:
     @property
     def warning(self) -> str | None:
         if self.device == "cpu" and self.precision == "bf16" and self.bf16_compute != "native":
-            return (f"bf16 GEMMs are {self.bf16_compute} on this CPU (no avx512_bf16/amx_bf16): slower than "
-                    "fp32 here; bf16 only halves weight memory")
+            return (f"no native bf16 GEMM on this CPU ({self.bf16_compute}; no avx512_bf16/amx_bf16): slower "
+                    "than fp32 here; bf16 only halves weight memory")
         return None
 
     def line(self) -> str:

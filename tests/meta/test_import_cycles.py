@@ -1,4 +1,4 @@
-"""No import cycle in the product packages (`preheat`, `preheat_server`).
+"""No import cycle in the product packages (`preheat`, `preheat_server`), and no import of the lab.
 
 The graph is read with `ast`, not by importing: every `import`/`from ... import` anywhere in a module
 (module level and inside functions, so an import moved into a function to hide a cycle still counts),
@@ -148,3 +148,13 @@ def test_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path):
 def test_no_import_cycle_in_the_product_packages():
     found = cycles(import_graph())
     assert not found, "import cycles (each an SCC):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_product_never_imports_the_lab():
+    lab = ("preheat_cluster", "preheat_lab")
+    offenders = []
+    for module, (path, _) in _module_files().items():
+        for node in _imports(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            offenders += [f"{module} imports {n}" for n in names if n.split(".")[0] in lab and not node.level]
+    assert not offenders, offenders

@@ -8,6 +8,7 @@ cluster with another state dir never collides with the first."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import random
@@ -26,14 +27,29 @@ from pathlib import Path
 import yaml
 
 from . import procs
-from .pki import Pki, ensure_pki
+from .pki import Pki, ensure_pki, issue_cert
 from .podnet import choose_pod_cidr, release_block
 from .prometheus import remove_file_sd_target, render_config, write_config, write_file_sd_target
+from .realnode import API_SERVER_IP, SERVICE_CIDR, NodeError, NodeFleet, node_binaries_missing, plan_nodes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".cluster"
 DEFAULT_IMAGE_MAP = REPO_ROOT / "cluster" / "image-map.yaml"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent", "prometheus")
+# What runs pods: "agent" (node_agent.py, pods as host processes) or "real" (kubelet + containerd,
+# realnode.py). $PREHEAT_NODE_KIND sets the default.
+NODE_KINDS = ("agent", "real")
+VERSIONS_FILE = REPO_ROOT / "cluster" / "versions.env"
+
+
+def pinned_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    """cluster/versions.env as a dict (KEY=VALUE lines; comments and blanks skipped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            out[key] = value
+    return out
 
 
 class ClusterError(RuntimeError):
@@ -91,8 +107,11 @@ class LocalCluster:
     image_map: Path = DEFAULT_IMAGE_MAP
     scrape_interval: str | None = None
     ready_timeout_s: float = 180.0
+    node_kind: str = field(default_factory=lambda: os.environ.get("PREHEAT_NODE_KIND", "agent"))
 
     def __post_init__(self) -> None:
+        if self.node_kind not in NODE_KINDS:
+            raise ClusterError(f"node kind must be one of {NODE_KINDS}, got {self.node_kind!r}")
         self.state_dir = Path(self.state_dir).resolve()
         self.bin_dir = Path(self.bin_dir)
         self.image_map = Path(self.image_map)
@@ -178,6 +197,22 @@ class LocalCluster:
         except (OSError, ssl.SSLError) as e:
             return 0, str(e)
 
+    def components(self) -> tuple[str, ...]:
+        """The processes this cluster runs, in start order."""
+        if self._state().get("node_kind", self.node_kind) == "agent":
+            return COMPONENTS
+        return (*COMPONENTS[:4], *self._fleet().names(), "prometheus")
+
+    def _fleet(self) -> NodeFleet:
+        cache = self.bin_dir.parent
+        return NodeFleet(
+            state_dir=self.state_dir, bin_dir=self.bin_dir, cache=cache,
+            nodes=plan_nodes(self.state_dir, self.nodes, hashlib.sha1(self.cluster_id.encode()).hexdigest()[:10]),
+            sandbox_image=f"localhost/preheat/pause:{pinned_versions()['KUBERNETES_VERSION']}",
+            start=self._start, kubectl=lambda *a, input=None: kubectl(self, *a, input=input),
+            write_kubeconfig=self._write_kubeconfig,
+            issue_cert=lambda name, **kw: issue_cert(self.pki, name, **kw))
+
     def component_pids(self) -> dict[str, int]:
         return {k: int(v) for k, v in self._state().get("pids", {}).items()}
 
@@ -185,10 +220,10 @@ class LocalCluster:
         """Each component → 'running' / 'ready' / 'stopped' / 'not ready: ...'."""
         st = self._state()
         if not st:
-            return dict.fromkeys(COMPONENTS, "stopped")
+            return dict.fromkeys(self.components(), "stopped")
         out = {}
         pids = st.get("pids", {})
-        for c in COMPONENTS:
+        for c in self.components():
             pid = pids.get(c)
             out[c] = "running" if pid and procs.alive(int(pid)) else "stopped"
         if out["kube-apiserver"] == "running":
@@ -265,7 +300,10 @@ class LocalCluster:
             raise ClusterError(
                 f"missing binaries {missing} in {self.bin_dir}: run `make binaries` (or "
                 "`bash cluster/build-binaries.sh all`) first")
-        if not self.image_map.exists():
+        if self.node_kind == "real" and node_binaries_missing(self.bin_dir):
+            raise ClusterError(f"real nodes need {node_binaries_missing(self.bin_dir)}: run "
+                               "`bash cluster/build-node.sh all` and `make images` first")
+        if self.node_kind == "agent" and not self.image_map.exists():
             raise ClusterError(f"image map {self.image_map} not found")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
@@ -275,7 +313,7 @@ class LocalCluster:
         if warning:
             print(f"WARNING: {warning}", file=sys.stderr)
         self._save_state({"ports": ports, "pids": {}, "pod_cidr": pod_cidr, "pod_network_warning": warning,
-                          "started_at": time.time()})
+                          "started_at": time.time(), "node_kind": self.node_kind, "nodes": self.nodes})
         try:
             self._up_components(ports, pod_cidr)
         except BaseException:
@@ -309,11 +347,25 @@ class LocalCluster:
         # The API server retries etcd, so it starts at once; Prometheus' discovery retries too.
         self._write_prometheus_config()
         self.start_prometheus()
+        real = self.node_kind == "real"
+        if real:
+            # Pods on real nodes reach the API server through the `kubernetes` Service, so it listens
+            # on an address of the namespace's loopback device too (never outside the namespace).
+            from .realnode import add_loopback_address
+            add_loopback_address(API_SERVER_IP)
+            where = ["--bind-address=0.0.0.0", f"--advertise-address={API_SERVER_IP}",
+                     "--endpoint-reconciler-type=lease",
+                     # A lost node's pods are evicted after 10 s, not 5 min (the node-loss test).
+                     "--default-not-ready-toleration-seconds=10", "--default-unreachable-toleration-seconds=10"]
+        else:
+            # The endpoint reconciler refuses a loopback advertise address; nothing routes Service
+            # traffic here anyway (no kube-proxy), so the `kubernetes` Service needs no endpoints.
+            where = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
         self._start("kube-apiserver", [
-            str(b / "kube-apiserver"),
+            str(b / "kube-apiserver"), *where,
             f"--etcd-servers={etcd_url}", f"--etcd-cafile={pki.ca_crt}",
             f"--etcd-certfile={pki.crt('apiserver-etcd-client')}", f"--etcd-keyfile={pki.key('apiserver-etcd-client')}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports['apiserver']}",
+            f"--secure-port={ports['apiserver']}",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
             f"--tls-cert-file={pki.crt('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
             f"--client-ca-file={pki.ca_crt}",
@@ -322,10 +374,7 @@ class LocalCluster:
             "--authorization-mode=Node,RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
-            "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
-            # The endpoint reconciler refuses a loopback advertise address; nothing routes Service
-            # traffic here anyway (no kube-proxy), so the `kubernetes` Service needs no endpoints.
-            "--endpoint-reconciler-type=none",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
             "--profiling=false", "--v=1",
         ])
         self._write_kubeconfig(self.kubeconfig, "admin")
@@ -346,6 +395,8 @@ class LocalCluster:
             # The operator's scale tests create hundreds of pods: don't let client-side throttling
             # become the bottleneck being measured.
             "--kube-api-qps=200", "--kube-api-burst=400", "--concurrent-replicaset-syncs=10",
+            # A real node that stops reporting is NotReady after 20 s (kubelets report every 5 s).
+            *(["--node-monitor-grace-period=20s", "--node-monitor-period=2s"] if real else []),
             "--profiling=false", "--v=1",
         ])
         sch_kc = self.state_dir / "scheduler.kubeconfig"
@@ -356,15 +407,27 @@ class LocalCluster:
             f"--tls-cert-file={pki.crt('components-serving')}", f"--tls-private-key-file={pki.key('components-serving')}",
             "--profiling=false", "--v=1",
         ])
-        self._start("node-agent", [
-            sys.executable, "-m", "preheat_cluster.node_agent",
-            f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}",
-            f"--nodes={self.nodes}", f"--gpus-per-node={self.gpus_per_node}",
-            f"--image-map={self.image_map}", f"--pod-cidr={pod_cidr}",
-        ])
+        if real:
+            try:
+                timings = self._fleet().up(pki.ca_crt)
+            except NodeError as e:
+                raise ClusterError(str(e)) from e
+            st = self._state()
+            st["node_timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+            self._save_state(st)
+            node_procs = tuple(self._fleet().names())
+        else:
+            self._start("node-agent", [
+                sys.executable, "-m", "preheat_cluster.node_agent",
+                f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}",
+                f"--nodes={self.nodes}", f"--gpus-per-node={self.gpus_per_node}",
+                f"--image-map={self.image_map}", f"--pod-cidr={pod_cidr}",
+            ])
+            node_procs = ("node-agent",)
         self._wait("controller-manager and scheduler /healthz", self._check_cm_scheduler, 60,
                    ("kube-controller-manager", "kube-scheduler"))
-        self._wait("a Ready node and the default ServiceAccount", self._check_nodes, 60, ("node-agent",))
+        self._wait(f"{self.nodes} Ready node(s) and the default ServiceAccount", self._check_nodes,
+                   120 if real else 60, node_procs)
         self._wait("prometheus /-/ready",
                    lambda: (lambda r: (r[0] == 200, str(r)))(self._get(f"{self.prometheus_url}/-/ready", tls=False)),
                    60, ("prometheus",))
@@ -431,6 +494,15 @@ class LocalCluster:
     def down(self, *, quiet: bool = False, keep_logs: bool = True) -> list[int]:
         """Stop every process this cluster started and remove its state; returns PIDs left (empty)."""
         pids = self.component_pids()
+        st = self._state()
+        not_undone: list[str] = []
+        if st.get("node_kind") == "real":
+            # Real nodes first, while the API server still answers: pods go through CRI, then every
+            # host change (mounts, cgroups, bridges, iptables, sysctls) is undone.
+            self.nodes = int(st.get("nodes", self.nodes))
+            not_undone = self._fleet().down(pids, procs.terminate)
+            from .realnode import del_loopback_address
+            del_loopback_address(API_SERVER_IP)
         # The node agent first: on SIGTERM it stops every pod's process group at once.
         order = ["node-agent", "prometheus", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
         for name in order:
@@ -446,6 +518,8 @@ class LocalCluster:
         left = procs.marked_pids(self.cluster_id)
         if left:
             raise ClusterError(f"processes still running after down: {left}")
+        if not_undone:
+            raise ClusterError(f"real nodes left behind (mounts or cgroups): {not_undone}")
         release_block(self.state_dir, self._state().get("pod_cidr"))
         if self.state_dir.exists():
             logs = self.logs_dir

@@ -110,6 +110,25 @@ _CERTS = {
 }
 
 
+# 10.250.0.254: the API server's address for pods on real nodes (realnode.API_SERVER_IP); 10.96.0.1:
+# the `kubernetes` Service.
+SERVER_IPS = ["127.0.0.1", "10.96.0.1", "10.250.0.254"]
+
+
+def issue_cert(pki: Pki, name: str, *, cn: str, org: str | None, server: bool, client: bool,
+               dns: list[str] = (), ips: list[str] = ()) -> tuple[Path, Path]:
+    """One more certificate from the state dir's CA (a kubelet's, kube-proxy's); idempotent by name."""
+    if pki.crt(name).exists() and pki.key(name).exists():
+        return pki.crt(name), pki.key(name)
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_name = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes()).subject
+    key = _ec_key()
+    cert = _issue(ca_key, ca_name, _name(cn, org), key, server=server, client=client, dns=list(dns), ips=list(ips))
+    _write_key(pki.key(name), key)
+    pki.crt(name).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return pki.crt(name), pki.key(name)
+
+
 def ensure_pki(directory: Path) -> Pki:
     """Create the PKI in `directory` unless it is already there (idempotent)."""
     pki = Pki(directory)
@@ -145,7 +164,7 @@ def ensure_pki(directory: Path) -> Pki:
     for name, (cn, org, server, client) in _CERTS.items():
         key = _ec_key()
         cert = _issue(ca_key, ca_name, _name(cn, org), key, server=server, client=client,
-                      dns=server_dns if server else [], ips=["127.0.0.1", "10.96.0.1"] if server else [])
+                      dns=server_dns if server else [], ips=SERVER_IPS if server else [])
         _write_key(pki.key(name), key)
         pki.crt(name).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     # The service-account signer must be RSA: the API server's key loader accepts RSA and ECDSA, but

@@ -1,0 +1,98 @@
+"""The real node's pure parts: two nodes (and two clusters) never share a socket, state dir, bridge,
+pod CIDR, cgroup root or log dir, and the configs parse as the components read them."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from preheat_cluster.realnode import (
+    API_SERVER_IP,
+    CLUSTER_DNS_IP,
+    SERVICE_CIDR,
+    NodeError,
+    _cgroup_mounts,
+    cni_conflist,
+    containerd_config,
+    dns_service_manifests,
+    image_archives,
+    kubelet_config,
+    plan_nodes,
+)
+
+
+def test_nodes_get_disjoint_state_addresses_and_cgroups(tmp_path: Path) -> None:
+    a = plan_nodes(tmp_path / "a", 2, "aaaa")
+    b = plan_nodes(tmp_path / "b", 2, "bbbb")
+    for field in ("name", "ip", "pod_cidr", "dir", "cgroup_root", "socket", "bridge"):
+        assert len({getattr(n, field) for n in a}) == 2, field
+    assert {n.cgroup_root for n in a}.isdisjoint(n.cgroup_root for n in b)
+    nets = [ipaddress.ip_network(n.pod_cidr) for n in a]
+    assert not nets[0].overlaps(nets[1])
+    assert not any(net.overlaps(ipaddress.ip_network(SERVICE_CIDR)) for net in nets)
+    assert all(n.ip != API_SERVER_IP for n in a)
+    with pytest.raises(NodeError, match=r"1\.\.200"):
+        plan_nodes(tmp_path, 0, "x")
+
+
+def test_containerd_config_is_toml_with_the_nodes_own_paths(tmp_path: Path) -> None:
+    n1, n2 = plan_nodes(tmp_path, 2, "t")
+    docs = [tomllib.loads(containerd_config(n, sandbox_image="localhost/preheat/pause:v1", runc="/usr/sbin/runc",
+                                            cni_bin_dirs=["/usr/lib/cni"])) for n in (n1, n2)]
+    for n, d in zip((n1, n2), docs, strict=True):
+        assert d["grpc"]["address"] == str(n.socket)
+        assert d["root"].startswith(str(n.dir)) and d["state"].startswith(str(n.dir))
+        rt = d["plugins"]["io.containerd.cri.v1.runtime"]
+        assert rt["restrict_oom_score_adj"] is True
+        assert rt["cni"]["conf_dir"].startswith(str(n.dir))
+        assert rt["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+        assert d["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == "localhost/preheat/pause:v1"
+    assert docs[0]["grpc"]["address"] != docs[1]["grpc"]["address"]
+
+
+def test_cni_and_kubelet_configs_follow_the_plan(tmp_path: Path) -> None:
+    n1, n2 = plan_nodes(tmp_path, 2, "t")
+    for n in (n1, n2):
+        bridge = cni_conflist(n)["plugins"][0]
+        assert bridge["bridge"] == n.bridge
+        assert bridge["ipam"]["ranges"][0][0]["subnet"] == n.pod_cidr
+        assert ipaddress.ip_address(bridge["ipam"]["ranges"][0][0]["gateway"]) in ipaddress.ip_network(n.pod_cidr)
+        k = kubelet_config(n, ca=tmp_path / "ca", cert=tmp_path / "c", key=tmp_path / "k")
+        assert k["address"] == k["healthzBindAddress"] == n.ip
+        assert k["cgroupRoot"] == n.cgroup_root and k["cgroupDriver"] == "cgroupfs"
+        assert k["failCgroupV1"] is False
+        assert k["podLogsDir"].startswith(str(n.dir))
+        assert k["clusterDNS"] == [CLUSTER_DNS_IP]
+        assert k["containerRuntimeEndpoint"] == f"unix://{n.socket}"
+    json.dumps(cni_conflist(n1))  # what containerd reads is JSON
+
+
+def test_dns_service_points_at_coredns() -> None:
+    svc, eps = dns_service_manifests()
+    assert svc["spec"]["clusterIP"] == CLUSTER_DNS_IP
+    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    assert {p["protocol"] for p in eps["ports"]} == {"UDP", "TCP"}
+
+
+def test_cgroup_mounts_are_read_from_mountinfo() -> None:
+    info = (
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+        "40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd\n"
+        "50 23 0:40 / /sys/kernel/debug rw - debugfs debugfs rw\n"
+        "60 23 0:41 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+    )
+    assert _cgroup_mounts(info) == [
+        ("/sys/fs/cgroup", "tmpfs", "rw,mode=755"), ("/sys/fs/cgroup/cpu", "cgroup", "rw,cpu"),
+        ("/sys/fs/cgroup/systemd", "cgroup", "rw,name=systemd"), ("/sys/fs/cgroup/unified", "cgroup2", "rw")]
+
+
+def test_image_archives_put_pause_first_and_skip_the_base(tmp_path: Path) -> None:
+    d = tmp_path / "images"
+    d.mkdir()
+    for name in ("base-bookworm-x.tar", "operator.tar", "pause.tar", "model-server.tar"):
+        (d / name).write_bytes(b"")
+    assert [t.name for t in image_archives(tmp_path)] == ["pause.tar", "model-server.tar", "operator.tar"]

@@ -56,6 +56,7 @@ class ServerMetrics:
     completion_cache_hits: Counter
     batch_size: Histogram
     model_load_seconds: Gauge
+    model_download_seconds: Gauge
     server_state: Gauge
     max_num_seqs: Gauge
     max_queue: Gauge
@@ -116,7 +117,11 @@ class ServerMetrics:
                                           "Deterministic requests answered from the completion cache."),
             batch_size=hist("preheat:batch_size", "Sequences in each engine step.", BATCH_BUCKETS),
             model_load_seconds=gauge("preheat:model_load_seconds",
-                                     "The cold start: process start to ready, including weight load and warm-up."),
+                                     "The cold start: weight download (preheat-fetch, before the process) + "
+                                     "process start to ready, including weight load and warm-up."),
+            model_download_seconds=gauge("preheat:model_download_seconds",
+                                         "The weight download part of the cold start (0 without a fetch, or "
+                                         "from the node cache)."),
             server_state=gauge("preheat:server_state", "1 for the server's current state.", [*m, "state"]),
             max_num_seqs=gauge("preheat:max_num_seqs",
                                "Most sequences the engine runs at once (--max-num-seqs)."),
@@ -153,7 +158,7 @@ class ServerMetrics:
                        self.inter_token_latency, self.e2e_request_latency, self.prompt_tokens,
                        self.generation_tokens, self.kv_cache_usage, self.prefix_cache_hits,
                        self.prefix_cache_queries, self.num_preemptions, self.completion_cache_hits,
-                       self.batch_size, self.model_load_seconds, self.max_num_seqs, self.max_queue,
+                       self.batch_size, self.model_load_seconds, self.model_download_seconds, self.max_num_seqs, self.max_queue,
                        self.engine_step_failures):
             metric.labels(name)
 

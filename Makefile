@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
+.PHONY: setup binaries node-binaries images cluster-up-real shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
         bench-server bench-engine bench-http bench-sim bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
@@ -18,6 +18,19 @@ setup: $(STAMP)
 
 binaries:
 	bash cluster/build-binaries.sh all
+
+# A real node's binaries (kubelet, kube-proxy, containerd, crictl, CoreDNS, pause) and Debian packages.
+node-binaries: binaries
+	bash cluster/build-node.sh all
+
+# The images real nodes run: a debootstrapped Debian base, pause, and the operator and CPU
+# model-server images from their Dockerfiles (cached by content; cluster/images.sh says how).
+images:
+	bash cluster/images.sh all
+
+# The local cluster on two real nodes (kubelet + containerd) in its own network namespace.
+cluster-up-real: setup node-binaries images
+	PREHEAT_NODE_KIND=real bash scripts/netns.sh preheat-dev $(PY) -m preheat_cluster up --nodes 2
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -134,8 +134,16 @@ save() {
 # machine; PREHEAT_TORCH_INDEX picks another. PyPI's torch is the CUDA build: it runs on CPU, but
 # brings ~3 GB of NVIDIA libraries that libtorch_cpu links against, so the image is that much larger.
 build_model_server() {
-  local args=()
-  [ -n "${PREHEAT_TORCH_INDEX:-}" ] && args+=(--build-arg "TORCH_INDEX=$PREHEAT_TORCH_INDEX")
+  local args=() index="${PREHEAT_TORCH_INDEX:-}"
+  if [ -z "$index" ]; then
+    local cpu_index
+    cpu_index="$(sed -nE 's/^ARG TORCH_INDEX=(.*)/\1/p' "$repo/model-server/Dockerfile")"
+    if ! curl -fsS -o /dev/null --max-time 15 "$cpu_index/torch/" 2>/dev/null; then
+      index=https://pypi.org/simple
+      log "model-server: $cpu_index is not reachable; torch from $index (the CUDA build, ~3 GB more)"
+    fi
+  fi
+  [ -n "$index" ] && args+=(--build-arg "TORCH_INDEX=$index")
   build_app preheat/model-server "$repo/model-server/Dockerfile" "${args[@]}"
 }
 

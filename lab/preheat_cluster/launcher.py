@@ -207,7 +207,8 @@ class LocalCluster:
         cache = self.bin_dir.parent
         return NodeFleet(
             state_dir=self.state_dir, bin_dir=self.bin_dir, cache=cache,
-            nodes=plan_nodes(self.state_dir, self.nodes, hashlib.sha1(self.cluster_id.encode()).hexdigest()[:10]),
+            nodes=plan_nodes(self.state_dir, int(self._state().get("nodes", self.nodes)),
+                             hashlib.sha1(self.cluster_id.encode()).hexdigest()[:10]),
             sandbox_image=f"localhost/preheat/pause:{pinned_versions()['KUBERNETES_VERSION']}",
             start=self._start, kubectl=lambda *a, input=None: kubectl(self, *a, input=input),
             write_kubeconfig=self._write_kubeconfig,
@@ -499,7 +500,6 @@ class LocalCluster:
         if st.get("node_kind") == "real":
             # Real nodes first, while the API server still answers: pods go through CRI, then every
             # host change (mounts, cgroups, bridges, iptables, sysctls) is undone.
-            self.nodes = int(st.get("nodes", self.nodes))
             not_undone = self._fleet().down(pids, procs.terminate)
             from .realnode import del_loopback_address
             del_loopback_address(API_SERVER_IP)

@@ -35,7 +35,7 @@ def configs(draw: st.DrawFn) -> PolicyConfig:
         stable_window_s=stable,
         panic_window_s=draw(st.floats(1.0, stable)),
         panic_threshold=draw(st.floats(1.1, 5.0)),
-        scale_down_stabilization_s=draw(st.sampled_from([0.0, 60.0, 300.0])),
+        scale_down_stabilization_s=draw(st.sampled_from([0.0, 60.0, 300.0, None])),
         max_scale_down_rate=draw(st.floats(1.0, 10.0)),
         warm_pool_min=warm_pool_min,
         warm_pool_max=warm_pool_max,

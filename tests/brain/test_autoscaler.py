@@ -131,7 +131,7 @@ def test_autoscaler_holds_on_missing_metrics_and_keeps_forecasting() -> None:
     held = a.step(Observation(time_s=1.2 * DAY_S + 60, value=None, current_serving=last.serving))
     assert held.serving >= last.serving and held.reason in ("hold", "forecast")
     assert held.forecast_value is not None
-    assert held.lead_time_s == CONFIG.default_cold_start_s + STEP_S  # nothing measured: the default
+    assert held.lead_time_s == CONFIG.default_cold_start_s + STEP_S + CONFIG.signal_lag_s  # nothing measured
     stale = a.step(Observation(time_s=1.2 * DAY_S + 120, value=1.0, stale=True, current_serving=last.serving))
     assert stale.serving >= last.serving
 

@@ -20,8 +20,9 @@ from preheat.policy import (
 )
 
 # One replica carries 10 signal units at full utilization: needs are easy to read.
+# Warm replicas at half a serving one's cost: the forecast's margin waits in the warm pool.
 BASE = PolicyConfig(min_replicas=1, max_replicas=50, target_per_replica=10.0, target_utilization=1.0,
-                    decision_interval_s=15.0, warm_pool_min=0, warm_pool_max=0)
+                    decision_interval_s=15.0, warm_pool_min=0, warm_pool_max=0, warm_cost_fraction=0.5)
 
 
 def obs(t: float, value: float | None, current: int, **kw) -> Observation:
@@ -45,17 +46,19 @@ def test_lead_time_is_p90_cold_start_plus_interval() -> None:
     samples = [float(s) for s in range(10, 110, 10)]  # 10..100 s
     p90 = quantile(samples, 0.9)
     assert p90 == pytest.approx(sorted(samples)[8] + 0.1 * (sorted(samples)[9] - sorted(samples)[8]))
-    assert lead_time_s(BASE, samples) == pytest.approx(p90 + BASE.decision_interval_s)
+    lag = BASE.stable_window_s / 2 + BASE.scrape_interval_s  # the signal's own lag
+    assert BASE.signal_lag_s == lag
+    assert lead_time_s(BASE, samples) == pytest.approx(p90 + BASE.decision_interval_s + lag)
     # until measured: the default cold start
-    assert lead_time_s(BASE, []) == BASE.default_cold_start_s + BASE.decision_interval_s
+    assert lead_time_s(BASE, []) == BASE.default_cold_start_s + BASE.decision_interval_s + lag
     # bad samples are ignored, not propagated
     assert cold_start_s(BASE, [math.nan, -5.0, 40.0]) == 40.0
     assert lead_time_s(BASE.with_(horizon_override_s=600.0), samples) == 600.0
     # the decision reports the lead time it planned for, and remembers measured samples
     d, state = decide(BASE, PolicyState(), obs(0, 10.0, 1, cold_start_samples_s=tuple(samples)))
-    assert d.lead_time_s == pytest.approx(p90 + 15.0)
+    assert d.lead_time_s == pytest.approx(p90 + 15.0 + lag)
     d2, _ = decide(BASE, state, obs(15, 10.0, 1))
-    assert d2.lead_time_s == pytest.approx(p90 + 15.0)
+    assert d2.lead_time_s == pytest.approx(p90 + 15.0 + lag)
 
 
 def test_reactive_need_is_signal_over_capacity_at_target_utilization() -> None:
@@ -401,3 +404,12 @@ def test_a_stale_sample_keeps_the_burst_envelope() -> None:
     assert held.reason == Reason.HOLD and state.burst_needs
     d, state = decide(BURSTY, state, obs(90.0, 5.0, held.serving, value_panic=5.0))
     assert d.serving + d.warm >= 8 and "burst envelope" in d.detail, d.detail
+
+
+def test_the_margin_serves_when_a_warm_replica_costs_what_a_serving_one_does() -> None:
+    cheap = BASE.with_(warm_pool_max=5)
+    d, _ = decide(cheap, PolicyState(), obs(0, 40.0, 4), forecast_value=100.0, forecast_upper=140.0)
+    assert (d.serving, d.warm) == (10, 4)  # point forecast serves, the upper margin waits warm
+    full = cheap.with_(warm_cost_fraction=1.0)
+    d, _ = decide(full, PolicyState(), obs(0, 40.0, 4), forecast_value=100.0, forecast_upper=140.0)
+    assert (d.serving, d.warm) == (14, 0)  # same price: the margin serves now instead of after a promotion

@@ -72,6 +72,6 @@ def test_cold_start_in_status_is_the_one_the_lead_time_plans_with():
     # linear one (37 s): the two must be the same number.
     config = policy_config(SPEC)
     samples = (10.0, 20.0, 30.0, 40.0)
-    assert planned_cold_start_s(config, samples) + config.decision_interval_s == pytest.approx(
+    assert planned_cold_start_s(config, samples) + config.decision_interval_s + config.signal_lag_s == pytest.approx(
         lead_time_s(config, samples))
     assert planned_cold_start_s(config, ()) is None

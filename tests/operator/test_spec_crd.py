@@ -26,7 +26,7 @@ def test_committed_crd_is_the_generated_one():
 def test_defaults_fill_a_minimal_spec():
     spec = parse_spec({"model": {"builtin": "tiny"}})
     assert spec.scaling.min_replicas == 1 and spec.scaling.max_replicas == 10
-    assert spec.scaling.warm_pool.min == 1 and spec.scaling.warm_pool.max == 2
+    assert spec.scaling.warm_pool.min == 0 and spec.scaling.warm_pool.max == 2 and spec.scaling.warm_pool.cost_fraction == 1.0
     assert str(spec.scaling.mode) == "Auto"
     assert str(spec.scaling.signal) == "requestsPerSecond"
     assert spec.server.port == 8000

@@ -35,12 +35,14 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
         forecast_window_s=s.forecasting.window_seconds,
         stable_window_s=stable,
         panic_window_s=panic,
-        scale_down_stabilization_s=float(s.scale_down_stabilization_seconds),
+        scale_down_stabilization_s=None if s.scale_down_stabilization_seconds is None
+        else float(s.scale_down_stabilization_seconds),
         warm_pool_min=0 if reactive_only else s.warm_pool.min,
         warm_pool_max=0 if reactive_only else s.warm_pool.max,
         # The burst envelope lives in the warm pool: off with it in reactive-only mode.
         burst_memory_s=0.0 if reactive_only else float(s.warm_pool.burst_memory_seconds),
         burst_threshold=s.warm_pool.burst_threshold,
+        warm_cost_fraction=s.warm_pool.cost_fraction,
         scale_to_zero=s.scale_to_zero,
         # A replica's slots: lets the policy see a burst in the queue before the rate window does
         # (it promotes warm replicas at once; cold starts still follow the rate and the forecast).

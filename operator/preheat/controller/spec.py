@@ -22,6 +22,8 @@ SINGULAR = "inferenceendpoint"
 SHORT_NAMES = ["ie", "iep"]
 
 BUILTIN_MODELS = ("tiny", "small", "all-MiniLM-L6-v2")
+# Where the init container puts a model.uri download (an emptyDir; the server mounts it read-only).
+FETCHED_MODEL_PATH = "/model-store/model"
 
 # A quantity as Kubernetes writes it: "500m", "2Gi" or a bare integer.
 Quantity = Annotated[str | int, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
@@ -60,14 +62,16 @@ class Precision(StrEnum):
 
 
 class ModelSpec(_Model):
-    """Which weights the serving replicas load: a built-in name, or a path in the image or on a PVC."""
+    """Which weights the serving replicas load: a built-in name, a path in the image or on a PVC, or a
+    URI downloaded before the server starts (an init container running preheat-fetch, as KServe's
+    storage initializer does), so the download is part of each replica's cold start."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
-                    "has(self.builtin) != has(self.path)",
-                    "model: set exactly one of model.builtin (tiny, small, all-MiniLM-L6-v2) or model.path",
+                    "(has(self.builtin) ? 1 : 0) + (has(self.path) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
+                    "model: set exactly one of model.builtin (tiny, small, all-MiniLM-L6-v2), model.path or model.uri",
                 ),
                 _cel(
                     "!has(self.persistentVolumeClaim) || has(self.path)",
@@ -77,6 +81,17 @@ class ModelSpec(_Model):
                     "!has(self.path) || self.path.startsWith('/')",
                     "model.path must be an absolute path",
                 ),
+                _cel(
+                    "!has(self.uri) || self.uri.startsWith('http://') || self.uri.startsWith('https://')",
+                    "model.uri must start with http:// or https:// (other schemes are not supported)",
+                ),
+                _cel("!has(self.sha256) || has(self.uri)", "model.sha256 needs model.uri (it checks the download)"),
+                _cel(
+                    "!has(self.sha256) || !has(self.uri) || !self.uri.endsWith('/')",
+                    "model.sha256 checks an archive; a folder model.uri (ending in /) has none",
+                ),
+                _cel("!has(self.cacheOnNode) || !self.cacheOnNode || has(self.uri)",
+                     "model.cacheOnNode needs model.uri (only downloaded weights are cached)"),
             ]
         }
     )
@@ -91,6 +106,22 @@ class ModelSpec(_Model):
         max_length=4096,
         description="Absolute path of a model directory: baked into the image, or on the PVC below.",
     )
+    uri: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="http:// or https:// URI of the weights, downloaded into the pod before the server starts: "
+        "a tar or tar.gz archive of a model folder, or a folder listing when it ends in /.",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Expected sha256 of the archive at model.uri (lowercase hex); a mismatch fails the pod.",
+    )
+    cache_on_node: bool = Field(
+        default=False,
+        description="Keep downloaded weights in a per-node cache (a hostPath, /var/cache/preheat/models, "
+        "writable by uid 65532) so a second replica on the node does not download them again.",
+    )
     persistent_volume_claim: str | None = Field(
         default=None,
         max_length=253,
@@ -104,9 +135,9 @@ class ModelSpec(_Model):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if (self.builtin is None) == (self.path is None):
+        if sum(x is not None for x in (self.builtin, self.path, self.uri)) != 1:
             raise ValueError(
-                "model: set exactly one of model.builtin (tiny, small, all-MiniLM-L6-v2) or model.path"
+                "model: set exactly one of model.builtin (tiny, small, all-MiniLM-L6-v2), model.path or model.uri"
             )
         if self.builtin is not None and self.builtin not in BUILTIN_MODELS:
             raise ValueError(f"model.builtin must be one of {', '.join(BUILTIN_MODELS)}")
@@ -114,6 +145,14 @@ class ModelSpec(_Model):
             raise ValueError("model.persistentVolumeClaim needs model.path (where the weights are on the volume)")
         if self.path is not None and not self.path.startswith("/"):
             raise ValueError("model.path must be an absolute path")
+        if self.uri is not None and not self.uri.startswith(("http://", "https://")):
+            raise ValueError("model.uri must start with http:// or https:// (other schemes are not supported)")
+        if self.sha256 is not None and self.uri is None:
+            raise ValueError("model.sha256 needs model.uri (it checks the download)")
+        if self.sha256 is not None and self.uri is not None and self.uri.endswith("/"):
+            raise ValueError("model.sha256 checks an archive; a folder model.uri (ending in /) has none")
+        if self.cache_on_node and self.uri is None:
+            raise ValueError("model.cacheOnNode needs model.uri (only downloaded weights are cached)")
         # The server refuses these at start-up; saying so here keeps a bad CR from crash-looping pods.
         if self.builtin == "all-MiniLM-L6-v2" and self.precision not in (Precision.fp32, Precision.bf16):
             raise ValueError(f"model.precision {self.precision.value} does not apply to the embedding model "
@@ -122,7 +161,9 @@ class ModelSpec(_Model):
 
     @property
     def server_arg(self) -> str:
-        """What the server's --model flag gets."""
+        """What the server's --model flag gets (a downloaded model: where the init container put it)."""
+        if self.uri is not None:
+            return FETCHED_MODEL_PATH
         return self.builtin if self.builtin is not None else str(self.path)
 
 
@@ -241,13 +282,23 @@ class WarmPoolSpec(_Model):
         }
     )
 
-    min: int = Field(default=1, ge=0, le=1000)
+    min: int = Field(
+        default=0, ge=0, le=1000,
+        description="Warm replicas kept whatever the forecast says. Default 0: the policy keeps warm replicas "
+        "where they pay (the forecast's margin when costFraction < 1, replicas freed within the scale-down window).",
+    )
     max: int = Field(default=2, ge=0, le=1000)
     burst_memory_seconds: int = Field(
         default=0, ge=0, le=3600,
         description="Burst envelope (0 = off): on bursty traffic keep serving + warm at the highest short-window "
         "need of the last this-many seconds; the extra replicas wait in the warm pool (capped by max) and are "
         "promoted in seconds when the next burst queues. Lapses this long after the last burst.",
+    )
+    cost_fraction: float = Field(
+        default=1.0, gt=0.0, le=1.0,
+        description="What a warm replica costs relative to a serving one (1.0: a GPU held idle costs the same). "
+        "Below 1 (a CPU replica resized down in place while warm) the forecast's safety margin waits in the warm "
+        "pool; at 1 it serves, since a warm replica would cost the same and serve only after a promotion.",
     )
     burst_threshold: float = Field(
         default=1.5, ge=1.0, le=10.0,  # PolicyConfig.burst_threshold (a test keeps them equal)
@@ -296,7 +347,11 @@ class ScalingSpec(_Model):
     latency_slo_ms: float | None = Field(default=None, description="End-to-end latency budget (p90).")
     forecasting: ForecastingSpec = _sub(ForecastingSpec)
     warm_pool: WarmPoolSpec = _sub(WarmPoolSpec)
-    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=86400)
+    scale_down_stabilization_seconds: int | None = Field(
+        default=None, ge=0, le=86400,
+        description="Scale-down stabilisation window. Default: the lead time when forecasting (capacity given back "
+        "can be back within it, and the forecast already covers it), 300 s (HPA's) without forecasts.",
+    )
     scale_to_zero: bool = False
     interval_seconds: float = Field(
         default=15.0, ge=1.0, le=600.0, description="Autoscaling loop period (decision interval)."

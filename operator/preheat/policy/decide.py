@@ -66,15 +66,28 @@ def cold_start_s(config: PolicyConfig, samples: Sequence[float] | None) -> float
 
 
 def lead_time_s(config: PolicyConfig, samples: Sequence[float] | None) -> float:
-    """How far ahead capacity must be decided: p90 cold start + one decision interval.
+    """How far ahead capacity must be decided: p90 cold start + one decision interval + the signal's lag.
 
     A replica asked for now is only counted on the next decision and then needs a cold start to be
-    Ready, so the forecast that matters is the one at now + cold start + interval.
+    Ready; and the demand the decision sees is already half a rate window plus a scrape old
+    (`signal_lag_s`). So the forecast that matters is the one at now + all three.
     `horizon_override_s` replaces it when set.
     """
     if config.horizon_override_s is not None:
         return float(config.horizon_override_s)
-    return cold_start_s(config, samples) + config.decision_interval_s
+    return cold_start_s(config, samples) + config.decision_interval_s + config.signal_lag_s
+
+
+REACTIVE_STABILISATION_S = 300.0  # HPA's default scale-down stabilisation, for a policy without forecasts
+
+
+def stabilisation_window_s(config: PolicyConfig, lead: float) -> float:
+    """The scale-down stabilisation window: the configured one, else the lead time when forecasting
+    (capacity given back now can be back within it; the forecast term already looks that far), else
+    HPA's 300 s."""
+    if config.scale_down_stabilization_s is not None:
+        return float(config.scale_down_stabilization_s)
+    return lead if config.forecasting else REACTIVE_STABILISATION_S
 
 
 def measured_cold_starts(
@@ -87,7 +100,7 @@ def measured_cold_starts(
         return remembered, lead_time_s(config, remembered)
     if config.horizon_override_s is not None:
         return clean, float(config.horizon_override_s)
-    return clean, quantile(clean, config.cold_start_quantile) + config.decision_interval_s
+    return clean, quantile(clean, config.cold_start_quantile) + config.decision_interval_s + config.signal_lag_s
 
 
 def _push_max_queue(
@@ -165,7 +178,7 @@ def decide_measured(
         fu = fv
     forecast_need = replicas_needed(fv, config) if fv is not None else 0
     upper_need = replicas_needed(fu, config) if fu is not None else forecast_need
-    forecast_term = upper_need if config.margin_in_serving else forecast_need
+    forecast_term = upper_need if config.margin_serves else forecast_need
 
     data_ok = math.isfinite(now) and not obs.stale and is_valid_signal(obs.value)
     if not data_ok:
@@ -217,7 +230,7 @@ def decide_measured(
         notes.append(f"capped by max scale-up rate {config.max_scale_up_rate:g}x to {up_cap}")
 
     # Scale-down stabilisation (HPA): the highest recommendation within the window wins.
-    window = config.scale_down_stabilization_s
+    window = stabilisation_window_s(config, lead)
     serving_queue = _push_max_queue(serving_recs, now, recommendation, window)
     serving = recommendation
     stabilised = _window_max(serving_queue, now, window) or 0
@@ -437,7 +450,7 @@ def _warm_pool(
     """
     if serving == 0:
         return 0, _push_max_queue(total_recs, now, 0, window)
-    extra = 0 if config.margin_in_serving else max(0, upper_need - serving)
+    extra = 0 if config.margin_serves else max(0, upper_need - serving)
     warm_rec = min(config.warm_pool_min + extra, config.warm_pool_max)
     total_rec = serving + warm_rec
     total_queue = _push_max_queue(total_recs, now, total_rec, window)
@@ -482,7 +495,7 @@ def _hold(
     if serving == 0:
         warm = 0
     else:
-        extra = 0 if config.margin_in_serving else max(0, upper_need - serving)
+        extra = 0 if config.margin_serves else max(0, upper_need - serving)
         warm = max(prev_warm, min(config.warm_pool_min + extra, config.warm_pool_max))
         warm = max(0, min(warm, config.warm_pool_max, config.max_replicas - serving))
     decision = Decision(

@@ -51,7 +51,10 @@ class PolicyConfig:
     panic_window_s: float = 6.0
     panic_threshold: float = 2.0
     max_scale_up_rate: float = 1000.0
-    scale_down_stabilization_s: float = 300.0
+    # Scale-down stabilisation window (HPA's rule: the highest recommendation within it wins). None: the
+    # lead time when forecasting (a replica removed now is back within it, and the forecast already
+    # covers the lead time), HPA's 300 s without a forecast.
+    scale_down_stabilization_s: float | None = None
     max_scale_down_rate: float = 2.0
     warm_pool_min: int = 0
     warm_pool_max: int = 0
@@ -85,6 +88,8 @@ class PolicyConfig:
     # a CPU warm pool resized down in place). The policy keeps headroom in the warm pool only when it
     # is cheaper there than in serving replicas.
     warm_cost_fraction: float = 1.0
+    # Prometheus' scrape interval: with half the stable window, the signal's own lag (in the lead time).
+    scrape_interval_s: float = 15.0
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -113,7 +118,6 @@ class PolicyConfig:
         finite("panic_window_s", 0.0, lo_open=True)
         finite("panic_threshold", 1.0, lo_open=True)
         finite("max_scale_up_rate", 1.0)
-        finite("scale_down_stabilization_s", 0.0)
         finite("max_scale_down_rate", 1.0)
         finite("scale_to_zero_grace_s", 0.0)
         finite("idle_forecast_fraction", 0.0)
@@ -123,6 +127,7 @@ class PolicyConfig:
         finite("burst_memory_s", 0.0)
         finite("burst_threshold", 1.0)
         finite("warm_cost_fraction", 0.0, lo_open=True)
+        finite("scrape_interval_s", 0.0)
         if not out:
             if self.target_utilization > 1.0:
                 out.append(f"target_utilization must be <= 1, got {self.target_utilization!r}")
@@ -151,12 +156,26 @@ class PolicyConfig:
         optional("concurrency_per_replica", positive=True)
         optional("panic_interval_s", positive=True)
         optional("horizon_override_s", positive=False)
+        optional("scale_down_stabilization_s", positive=False)
         return out
 
     @property
     def capacity_per_replica(self) -> float:
         """Signal one serving replica should carry at the target utilization."""
         return self.target_per_replica * self.target_utilization
+
+    @property
+    def margin_serves(self) -> bool:
+        """Whether the forecast's upper-quantile margin goes into serving replicas. A warm replica that
+        costs what a serving one costs buys nothing a serving one would not (and serves only after a
+        promotion), so the margin waits in the warm pool only when warm replicas are cheaper."""
+        return self.margin_in_serving or self.warm_cost_fraction >= 1.0
+
+    @property
+    def signal_lag_s(self) -> float:
+        """How old the demand a decision sees is: a rate over the stable window lags the present by
+        half the window, and the value reaches the policy up to one scrape later."""
+        return self.stable_window_s / 2.0 + self.scrape_interval_s
 
     @property
     def floor_replicas(self) -> int:

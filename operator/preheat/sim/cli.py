@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
                    help="an InferenceEndpoint whose scaling Preheat runs (default: the CRD's defaults)")
     p.add_argument("--warm-cost-fraction", type=float, default=1.0,
                    help="a warm replica's cost relative to a serving one (default 1.0: a GPU held idle)")
+    p.add_argument("--smooth", action="store_true",
+                   help="series: arrivals inside a window as a smooth flow (default: with its recorded CV)")
     p.add_argument("--preheat", action="append", default=[], metavar="KEY=VALUE",
                    help="override a PolicyConfig field of Preheat (repeatable), e.g. warm_pool_max=6")
     p.add_argument("--seed", type=int, default=0)
@@ -151,6 +153,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         prefill_tokens_per_s=args.prefill_tps, decode_s_per_token=args.decode_ms / 1000.0,
         promotion_s=args.promotion_s, max_replicas=args.max_replicas, seed=args.seed,
         preheat_overrides=parse_overrides(args.preheat), warm_cost_fraction=args.warm_cost_fraction, spec=spec,
+        bursty=not args.smooth,
     )
 
 

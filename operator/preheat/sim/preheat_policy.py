@@ -90,7 +90,7 @@ class PreheatPolicy:
 
         self.ctx = ctx
         try:
-            config = policy_config(self.spec).with_(**self.host_fields(ctx), **self.overrides)
+            config = policy_config(self.spec).with_(**{**self.host_fields(ctx), **self.overrides})
         except TypeError as e:  # an unknown --preheat key
             raise ValueError(f"--preheat: {e}") from None
         self.config = config

@@ -22,6 +22,7 @@ import numpy as np
 
 from preheat.policy.types import Decision, Observation
 from preheat.sim.baselines import BASELINES, MetricView, SimContext
+from preheat.sim.bursts import bursty_flow, step_cv
 from preheat.sim.fleet import SERVING, FleetConfig, ReplicaPool
 from preheat.sim.preheat_policy import PreheatPolicy
 from preheat.sim.traces import ColdStartModel, RequestTrace, SeriesTrace, Trace
@@ -64,6 +65,7 @@ class SimSettings:
     preheat_overrides: dict[str, Any] = field(default_factory=dict)
     # A warm replica's cost relative to a serving one (1.0: a GPU held idle). Billing and Preheat's policy.
     warm_cost_fraction: float = 1.0
+    bursty: bool = True  # series: draw each step's arrivals with the window's recorded inter-arrival CV
     spec: Any = None  # an InferenceEndpointSpec for Preheat (None: the CRD's defaults)
 
 
@@ -163,6 +165,8 @@ def prepare_workload(trace: Trace, s: SimSettings) -> Workload:
         rate = np.interp(t + step / 2, mids[ok], trace.rate_rps[ok])
         window_idx = np.minimum((t // trace.window_s).astype(int), len(trace.rate_rps) - 1)
         rate[~ok[window_idx]] = np.nan
+        if s.bursty:  # arrivals inside each window as bursty as the trace recorded (sim/bursts.py)
+            rate = bursty_flow(rate, step_cv(trace, t), step, s.seed)
         peak = float(np.nanmax(trace.rate_rps))
         initial = float(np.nanmean(rate[: max(1, int(300 / step))])) if np.any(np.isfinite(rate[:60])) else peak
         cap = s.capacity_rps or peak / (s.sizing_utilization * s.peak_replicas)

@@ -75,6 +75,9 @@ class SeriesTrace:
     window_s: float
     source_format: str
     rate_scale: float = 1.0
+    # Coefficient of variation of inter-arrival times inside each window (ServeGen's rate_weighted_cv);
+    # None when the series does not record it (arrivals inside a window are then a smooth flow).
+    cv: np.ndarray | None = None
 
     kind = "series"
     has_tokens = False
@@ -118,7 +121,7 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> Trac
         trace = _read_csv(path.name, text)
     if isinstance(trace, SeriesTrace):
         return SeriesTrace(trace.name, trace.t_s, trace.rate_rps * rate_scale, trace.window_s,
-                           trace.source_format, rate_scale)
+                           trace.source_format, rate_scale, trace.cv)
     return scale_requests(trace, rate_scale, seed)
 
 
@@ -264,6 +267,7 @@ def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTra
     ti = cols.index("t_s")
     ri = next(cols.index(c) for c in _RATE_COLUMNS if c in cols)
     ci = cols.index("active_clients") if "active_clients" in cols else None
+    vi = cols.index("rate_weighted_cv") if "rate_weighted_cv" in cols else None
     if len(rows) < 2:
         raise TraceError(f"series {name} needs at least two windows, has {len(rows)}")
     try:
@@ -286,7 +290,16 @@ def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTra
         rate = np.where(zero, math.nan, rate)
     if not np.any(np.isfinite(rate)):
         raise TraceError(f"series {name} has no usable windows")
-    return SeriesTrace(name, t - t[0], rate, window, f"series ({window:g}s windows)")
+    cv = None
+    if vi is not None:
+        try:
+            cv = np.asarray([float(r[vi]) if len(r) > vi and r[vi].strip() else math.nan for r in rows])
+        except ValueError:
+            raise TraceError(f"series {name}: rate_weighted_cv must be a number (or empty) on every row") from None
+        if np.any(cv[np.isfinite(cv)] < 0):
+            raise TraceError(f"series {name}: negative rate_weighted_cv")
+    fmt = f"series ({window:g}s windows{', inter-arrival CV' if cv is not None else ''})"
+    return SeriesTrace(name, t - t[0], rate, window, fmt, cv=cv)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,145 @@
+"""`make bench-frontier`: the cost-SLO frontier of every policy on every trace in the shared folder x
+cold start {30 s, measured, 300 s} x warm cost fraction {1.0, a CPU stand-in}.
+
+Runs what `preheat frontier` runs, on one prepared workload per (trace, cold start): the baselines
+have no warm pool, so their frontier is the same at every warm cost fraction and runs once; Preheat
+runs at each fraction (its policy reads it). Writes one JSON per (trace, cold start) with both
+fractions, one PNG per (trace, cold start) and the README table (Markdown) with the margins.
+
+    python -m preheat.sim.bench_frontier --out-dir bench-results [--only m-small] [--colds 30,300]
+
+The CPU fraction is a STAND-IN, not a measurement (the real node's in-place resize, issue 17, is
+not done yet): a 4 vCPU / 16 GiB CPU replica that keeps its memory (the loaded weights) and is
+resized to 0.1 vCPU while warm, priced at 0.033 USD per vCPU-hour and 0.0045 USD per GiB-hour
+(typical on-demand list prices): (0.1 x 0.033 + 16 x 0.0045) / (4 x 0.033 + 16 x 0.0045) = 0.37.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from preheat.sim import cli
+from preheat.sim.bench import COLD_FILE, TRACES
+from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, plot_frontier, sweep
+from preheat.sim.run import POLICY_NAMES, prepare_workload
+from preheat.sim.traces import load_cold_start, load_trace
+
+CPU_WARM_FRACTION_STANDIN = 0.37
+WARM_FRACTIONS = (1.0, CPU_WARM_FRACTION_STANDIN)
+COLDS = {"30 s": "30", "measured": None, "300 s": "300"}
+
+
+def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path) -> dict[str, Any]:
+    argv = ["--trace", str(path), "--cold-start", cold_arg]
+    args = cli.parser().parse_args(argv)
+    settings = cli.settings_from(args)
+    trace = load_trace(str(path))
+    cold = load_cold_start(cold_arg)
+    w = prepare_workload(trace, settings)
+    started = time.process_time()
+    print(f"\n== {key}, cold start {cold_key} ({cold.label})", flush=True)
+    baselines = [n for n in POLICY_NAMES if n != "preheat"]
+    by_fraction: dict[str, Any] = {}
+    base = sweep(w, cold, settings, baselines, UTILIZATIONS, SLO_TARGETS)
+    for f in WARM_FRACTIONS:
+        print(f"  warm cost fraction {f:g}:", flush=True)
+        pre = sweep(w, cold, replace(settings, warm_cost_fraction=f), ["preheat"], UTILIZATIONS, SLO_TARGETS)
+        by_fraction[f"{f:g}"] = {"policies": {**pre, **base}, "rows": rows(pre | base)}
+    doc = {
+        "trace_key": key, "trace": trace.describe(), "fleet": w.describe(), "cold_key": cold_key,
+        "cold_start": cold.label, "slo_ms": settings.slo_ms, "bursty": settings.bursty,
+        "utilizations": list(UTILIZATIONS), "slo_targets": list(SLO_TARGETS),
+        "command": "preheat frontier " + " ".join(argv) + " --warm-cost-fraction F",
+        "warm_cost_fractions": by_fraction, "cpu_warm_fraction_is_a_standin": True,
+        "cpu_s": time.process_time() - started, "machine": machine(),
+    }
+    stem = f"frontier-{key}-{cold_key.replace(' ', '')}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(cli._json_safe(doc), indent=2))
+    for f, res in by_fraction.items():
+        plot_frontier({"policies": res["policies"], "slo_targets": list(SLO_TARGETS), "slo_ms": settings.slo_ms,
+                       "trace": trace.describe()}, out_dir / f"{stem}-warm{f}.png",
+                      title=f"{key}, cold start {cold.label}, warm cost {f}")
+    return doc
+
+
+def rows(policies: dict[str, Any]) -> dict[str, Any]:
+    """Per SLO target: Preheat's cost, the best non-oracle baseline's, the margin, the oracle ratio."""
+    out: dict[str, Any] = {}
+    for target in (f"{t:g}" for t in SLO_TARGETS):
+        cost = {n: p["cost_at_slo"][target] for n, p in policies.items()}
+        others = {n: c for n, c in cost.items() if n not in ("preheat", "oracle") and c is not None}
+        best = min(others, key=others.get) if others else None
+        pre, oracle = cost.get("preheat"), cost.get("oracle")
+        out[target] = {
+            "cost": cost, "best_baseline": best,
+            "margin_vs_best": None if pre is None or best is None else 1 - pre / others[best],
+            "preheat_vs_oracle": None if pre is None or not oracle else pre / oracle,
+            "preheat_lowest": None if best is None else pre is not None and pre <= others[best],
+        }
+    return out
+
+
+def markdown(docs: list[dict[str, Any]]) -> str:
+    names = [n for n in POLICY_NAMES]
+    head = ("| trace | cold start | warm cost | SLO | " + " | ".join(names)
+            + " | Preheat vs best baseline | Preheat / oracle |")
+    lines = [head, "|" + "---|" * 4 + "---:|" * (len(names) + 2)]
+    for d in docs:
+        for f, res in d["warm_cost_fractions"].items():
+            label = f if f == "1" else f"{f} (stand-in)"
+            for target, row in res["rows"].items():
+                def h(x: float | None) -> str:
+                    return "—" if x is None else f"{x / 3600:.1f}"
+
+                cells = [("**" + h(row["cost"][n]) + "**") if n == "preheat" else h(row["cost"][n]) for n in names]
+                m, r = row["margin_vs_best"], row["preheat_vs_oracle"]
+                margin = "no baseline reaches it" if row["best_baseline"] is None else (
+                    "Preheat does not reach it" if m is None else f"{100 * m:+.1f} % vs {row['best_baseline']}")
+                lines.append(f"| {d['trace_key']} | {d['cold_key']} | {label} | {100 * float(target):g} % | "
+                             + " | ".join(cells) + f" | {margin} | {'—' if r is None else f'{r:.2f}×'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m preheat.sim.bench_frontier", description=__doc__.split("\n")[0])
+    ap.add_argument("--out-dir", default="bench-results")
+    ap.add_argument("--traces-dir", default=os.environ.get("PREHEAT_TRACES", "/work/shared/traces"))
+    ap.add_argument("--only", help="comma list of trace keys")
+    ap.add_argument("--colds", default=",".join(COLDS), help="comma list of cold-start keys: 30 s, measured, 300 s")
+    ap.add_argument("--table-only", action="store_true", help="only rebuild frontier.md from the JSON files")
+    args = ap.parse_args(argv)
+    tdir, out_dir = Path(args.traces_dir), Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    keys = args.only.split(",") if args.only else list(TRACES)
+    for key in [] if args.table_only else keys:
+        path = tdir / TRACES[key]
+        if not path.exists():
+            print(f"skipping {key}: {path} not found", file=sys.stderr)
+            continue
+        for cold_key in (c.strip() for c in args.colds.split(",")):
+            run_one(key, path, cold_key, COLDS[cold_key] or str(tdir / COLD_FILE), out_dir)
+            write_table(out_dir)
+    print("\n" + write_table(out_dir))
+    return 0
+
+
+def write_table(out_dir: Path) -> str:
+    """frontier.md from every frontier-*.json in `out_dir` (runs may be split across processes)."""
+    docs = [json.loads(p.read_text()) for p in out_dir.glob("frontier-*.json")]
+    order = {k: i for i, k in enumerate(TRACES)}
+    colds = {k: i for i, k in enumerate(COLDS)}
+    docs.sort(key=lambda d: (order.get(d["trace_key"], 99), colds.get(d["cold_key"], 99)))
+    table = markdown(docs)
+    (out_dir / "frontier.md").write_text(table + "\n")
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -91,3 +91,57 @@ def test_spec_change_changes_template_only_when_the_server_changes():
 def test_initial_replicas_is_floor_plus_warm_pool():
     assert b.initial_replicas(_spec(scaling={"minReplicas": 2, "warmPool": {"min": 1, "max": 3}})) == 3
     assert b.initial_replicas(_spec(scaling={"minReplicas": 2, "maxReplicas": 2})) == 2
+
+
+URI = "https://models.example.com/llama.tar.gz"
+
+
+def _uri_spec(**model):
+    return parse_spec({"model": {"uri": URI, **model}, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                       "accelerator": {"type": "gpu", "count": 1}})
+
+
+def test_model_uri_is_fetched_by_a_restricted_init_container_into_a_shared_volume():
+    digest = "ab" * 32
+    pod = b.pod_template("llama", _uri_spec(sha256=digest), version="1.0")
+    spec = pod["spec"]
+    [init] = spec["initContainers"]
+    server = spec["containers"][0]
+    assert init["name"] == b.FETCH_CONTAINER and init["image"] == server["image"]
+    assert init["command"] == ["preheat-fetch"]
+    assert init["args"] == [URI, "/model-store/model", "--record", b.FETCH_RECORD, "--sha256", digest]
+    # The server loads what the init container wrote, from the same volume, read-only.
+    assert server["args"][server["args"].index("--model") + 1] == "/model-store/model"
+    assert spec["volumes"] == [{"name": b.MODEL_STORE_VOLUME, "emptyDir": {}}]
+    assert init["volumeMounts"] == [{"name": b.MODEL_STORE_VOLUME, "mountPath": "/model-store"}]
+    assert server["volumeMounts"] == [{"name": b.MODEL_STORE_VOLUME, "mountPath": "/model-store", "readOnly": True}]
+    assert {"name": "PREHEAT_FETCH_RECORD", "value": b.FETCH_RECORD} in server["env"]
+    # Restricted Pod Security Standard, container level (and a read-only root filesystem).
+    sc = init["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    # The download gets the server's CPU and memory, never its GPUs.
+    assert init["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_cache_on_node_mounts_the_node_cache_in_both_containers():
+    pod = b.pod_template("llama", _uri_spec(cacheOnNode=True), version="1.0")
+    spec = pod["spec"]
+    init, server = spec["initContainers"][0], spec["containers"][0]
+    assert init["args"][-2:] == ["--cache-dir", b.NODE_CACHE_DIR]
+    cache = {"name": b.MODEL_CACHE_VOLUME, "hostPath": {"path": b.NODE_CACHE_DIR, "type": "DirectoryOrCreate"}}
+    assert cache in spec["volumes"]
+    # The store holds a symlink into the cache: the server must see the cache at the same path.
+    assert {"name": b.MODEL_CACHE_VOLUME, "mountPath": b.NODE_CACHE_DIR, "readOnly": True} in server["volumeMounts"]
+    assert {"name": b.MODEL_CACHE_VOLUME, "mountPath": b.NODE_CACHE_DIR} in init["volumeMounts"]
+
+
+def test_builtin_and_path_models_have_no_init_container():
+    for spec in (_spec(), parse_spec({"model": {"path": "/models/x", "persistentVolumeClaim": "w"}})):
+        pod = b.pod_template("chat", spec, version="1")
+        assert "initContainers" not in pod["spec"]
+        env = pod["spec"]["containers"][0]["env"]
+        assert all(e["name"] != "PREHEAT_FETCH_RECORD" for e in env)

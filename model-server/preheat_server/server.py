@@ -18,16 +18,17 @@ from typing import Any
 
 from aiohttp import web
 
-from preheat_server.async_engine import AsyncEngine
-from preheat_server.completion_cache import CompletionCache
 from preheat_server.config import ServerConfig
 from preheat_server.embeddings.model import BUILTIN_EMBEDDING_MODELS, EmbeddingModel, is_embedding_model
 from preheat_server.embeddings.service import EmbeddingService
-from preheat_server.generation import GenerationService
+from preheat_server.generation.async_engine import AsyncEngine
+from preheat_server.generation.completion_cache import CompletionCache
+from preheat_server.generation.service import GenerationService
 from preheat_server.http.app import build_app
 from preheat_server.http.context import ServerContext
 from preheat_server.lifecycle import Lifecycle
 from preheat_server.metrics import ServerMetrics
+from preheat_server.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +140,10 @@ class Server:
         if self.lifecycle.state != "loading":
             return   # SIGTERM arrived during the load
         if loaded.engine is not None:
-            from preheat_server.engine import SamplingParams
-
             self.async_engine = AsyncEngine(loaded.engine, self.metrics, config.max_num_seqs, config.max_queue)
             self.async_engine.start()
             self.ctx.generation = GenerationService(loaded.loaded, self.async_engine,
-                                                    CompletionCache(config.completion_cache_size), self.metrics,
-                                                    SamplingParams)
+                                                    CompletionCache(config.completion_cache_size), self.metrics)
         if loaded.embedding is not None:
             service = EmbeddingService(loaded.embedding, self.metrics, config.embedding_max_batch_size,
                                        config.embedding_max_queue_delay_ms, config.max_queue)
@@ -154,14 +152,27 @@ class Server:
             service.start()
             self.ctx.embeddings = service
             self.metrics.prime_embeddings(loaded.embedding.name)
+        self._report_kernels(loaded)
         self.lifecycle.mark_ready()
+
+    def _report_kernels(self, loaded: _Loaded) -> None:
+        """Say which kernels each model runs on this CPU: one log line and one info series per model."""
+        models = [(self.metrics.model_name, loaded.loaded)]
+        if loaded.embedding is not None:   # embedding series carry the embedding model's name
+            models.append((loaded.embedding.name, loaded.embedding))
+        for name, model in models:
+            report = getattr(model, "kernels", None)
+            if report is None:
+                continue   # no model, or a test's stand-in loader
+            log.log(logging.WARNING if report.warning else logging.INFO, "%s %s", name, report.line())
+            self.metrics.set_kernels(name, report)
 
     def _load_blocking(self, embeddings_only: bool) -> _Loaded:
         """Weights, engine, KV cache, and one warm-up request through each model (not counted in metrics)."""
         config = self.config
         out = _Loaded()
         if not embeddings_only:
-            from preheat_server.engine import EngineConfig, LLMEngine, SamplingParams
+            from preheat_server.engine import EngineConfig, LLMEngine
 
             out.loaded = self._generation_loader(config)
             out.engine = LLMEngine(out.loaded, EngineConfig(

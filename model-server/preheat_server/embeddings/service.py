@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from preheat_server.async_engine import QueueFullError
 from preheat_server.embeddings.batcher import EmbeddingBatcher
 from preheat_server.embeddings.model import EmbeddingModel
-from preheat_server.generation import InvalidRequestError
+from preheat_server.generation.async_engine import QueueFullError
+from preheat_server.generation.service import InvalidRequestError
 from preheat_server.metrics import ServerMetrics
 
 

@@ -69,7 +69,8 @@ class BlockManager:
         At least one token is always left to compute, so a fully cached prompt still runs the model
         to produce its first output token: the last block is not taken from the cache then.
         """
-        if not self.enable_prefix_caching:
+        # Prompt log-probabilities need the model to see every prompt token, cached or not.
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.loader import LoadedModel
+from ..sampling import TokenLogprob
 from .block_manager import BlockManager
 from .model_runner import ModelRunner, available_memory_bytes
 from .scheduler import ItlController, Scheduler
@@ -52,6 +53,10 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    # Where asked (SamplingParams.logprobs / prompt_logprobs): one per new token; the prompt's once,
+    # with the first output, for prompt tokens 1.. (token 0 has nothing before it).
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -197,19 +202,26 @@ class LLMEngine:
         if not sched.batch:
             self._last_batch_size = self._last_batch_tokens = 0
             return outputs
-        sampled = self.runner.execute(sched.batch)
+        step = self.runner.execute(sched.batch)
         for seq, n in sched.batch:
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
-            token = sampled.get(seq.request_id)
+            seq.prompt_logprobs.extend(step.prompt_logprobs.get(seq.request_id, ()))
+            token = step.tokens.get(seq.request_id)
             if token is None:
                 continue  # a prefill chunk that has not reached the end of the prompt yet
+            first = seq.num_output_tokens == 0
             seq.token_ids.append(token)
             self._generation_tokens_total += 1
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 self._finish(seq, reason)
-            outputs.append(self._output(seq, [token]))
+            out = self._output(seq, [token])
+            if seq.request_id in step.logprobs:
+                out.logprobs = [step.logprobs[seq.request_id]]
+            if first and seq.params.prompt_logprobs is not None:
+                out.prompt_logprobs = list(seq.prompt_logprobs)
+            outputs.append(out)
         if self.loaded.device.type == "cuda":
             torch.cuda.synchronize(self.loaded.device)
         dt = time.perf_counter() - t0

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import torch
 
 from ..models.loader import LoadedModel
+from ..sampling import TokenLogprob
 from .attention import DecodeGroup, PagedAttention, PrefillBatch, decode_groups
-from .sampler import sample
+from .sampler import sample, token_logprobs
 from .sequence import Sequence
+
+
+@dataclass
+class StepOutput:
+    """What one step computed: sampled tokens (sequences whose chunk reached their end) and, where
+    asked, their log-probabilities and those of the prompt tokens in this step's chunks."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
 
 
 def available_memory_bytes(device: torch.device) -> int:
@@ -45,9 +57,9 @@ class ModelRunner:
         return torch.tensor(data, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
-    def execute(self, batch: list[tuple[Sequence, int]]) -> dict[str, int]:
-        """Compute ``n`` new tokens of each (seq, n); return {request_id: sampled token} for sequences
-        whose chunk reached the end of their tokens."""
+    def execute(self, batch: list[tuple[Sequence, int]]) -> StepOutput:
+        """Compute ``n`` new tokens of each (seq, n); sample for sequences whose chunk reached the end
+        of their tokens."""
         bs = self.block_size
         # Single-token steps first, longest context first: they form the batched decode groups.
         batch = sorted(batch, key=lambda x: (x[1] > 1, -x[0].num_computed_tokens if x[1] == 1 else 0))
@@ -60,6 +72,8 @@ class ModelRunner:
         decode_ctx: list[int] = []
         # Prefill chunks as (first flat row, chunk length, context length, context slots).
         prefills: list[tuple[int, int, int, list[int]]] = []
+        # Prompt positions whose next-token log-probability is asked: (seq, first flat row, first pos, count).
+        scored: list[tuple[Sequence, int, int, int]] = []
         for seq, n in batch:
             c = seq.num_computed_tokens
             start = len(ids)
@@ -78,17 +92,34 @@ class ModelRunner:
             if ctx == seq.num_tokens:
                 logit_rows.append(start + n - 1)
                 samplers.append(seq)
+            if seq.params.prompt_logprobs is not None:
+                # Position p predicts prompt token p + 1; those already scored (before a preemption) are skipped.
+                first = max(c, len(seq.prompt_logprobs))
+                last = min(ctx, seq.num_prompt_tokens - 1)
+                if last > first:
+                    scored.append((seq, start + first - c, first, last - first))
         b = len(decode_tables)
         groups = [self._decode_group(start, decode_tables[start : start + n], decode_ctx[start : start + n])
                   for start, n in decode_groups([len(t) for t in decode_tables])]
         prefill = self._prefill_batch(prefills) if prefills else None
         backend = PagedAttention(self.k_caches, self.v_caches, self._tensor(slots), b, groups, prefill)
         hidden = self.model.hidden_states(self._tensor(ids), self._tensor(pos), backend)
+        out = StepOutput()
+        for seq, row, first, count in scored:
+            lp = torch.log_softmax(self.model.compute_logits(hidden[row : row + count]), dim=-1)
+            targets = seq.token_ids[first + 1 : first + 1 + count]
+            out.prompt_logprobs[seq.request_id] = token_logprobs(lp, targets, seq.params.prompt_logprobs)
         if not samplers:
-            return {}
+            return out
         logits = self.model.compute_logits(hidden[self._tensor(logit_rows)])
         tokens = sample(logits, samplers)
-        return {s.request_id: t for s, t in zip(samplers, tokens, strict=True)}
+        out.tokens = {s.request_id: t for s, t in zip(samplers, tokens, strict=True)}
+        wanted = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
+        for i in wanted:
+            seq = samplers[i]
+            lp = torch.log_softmax(logits[i : i + 1], dim=-1)
+            out.logprobs[seq.request_id] = token_logprobs(lp, [tokens[i]], seq.params.logprobs)[0]
+        return out
 
     def _decode_group(self, start: int, tables: list[list[int]], ctx: list[int]) -> DecodeGroup:
         """Block tables padded to the group's longest, and the mask of each row's real keys."""

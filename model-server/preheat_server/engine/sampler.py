@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling import TokenLogprob
 from .sequence import Sequence
 
 
@@ -38,3 +39,14 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         probs = torch.softmax(row, dim=-1)
         out.append(int(torch.multinomial(probs, 1, generator=seq.generator).item()))
     return out
+
+
+def token_logprobs(logprobs: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprob]:
+    """``logprobs`` [N, V] log-softmaxed rows; the target's log-probability and the top ``k`` of each row."""
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device)[:, None])[:, 0].tolist()
+    if k > 0:
+        values, indices = torch.topk(logprobs, k, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+    else:
+        tops = [()] * len(targets)
+    return [TokenLogprob(t, c, top) for t, c, top in zip(targets, chosen, tops, strict=True)]

@@ -3,30 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be ≥ 0, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer ≥ 0, got {self.top_k!r}")
+from ..sampling import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -55,6 +35,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.num_preemptions = 0
         self.generator: torch.Generator | None = None
+        # Log-probabilities of prompt tokens 1.. (token 0 has none), filled chunk by chunk when asked.
+        self.prompt_logprobs: list = []
 
     @property
     def num_tokens(self) -> int:

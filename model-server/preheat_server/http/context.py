@@ -15,7 +15,7 @@ from preheat_server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from preheat_server.embeddings.service import EmbeddingService
-    from preheat_server.generation import GenerationService
+    from preheat_server.generation.service import GenerationService
 
 
 @dataclass

@@ -22,8 +22,8 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from preheat_server.async_engine import EngineDeadError, EngineStepError, QueueFullError
-from preheat_server.generation import Delta, GenerationRequest, GenerationService, InvalidRequestError
+from preheat_server.generation.async_engine import EngineDeadError, EngineStepError, QueueFullError
+from preheat_server.generation.service import Delta, GenerationRequest, GenerationService, InvalidRequestError
 from preheat_server.http.context import CONTEXT, ServerContext
 from preheat_server.http.errors import APIError, bad_request, from_validation_error
 from preheat_server.http.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest

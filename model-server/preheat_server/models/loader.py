@@ -1,4 +1,4 @@
-"""Loads a model for serving: a built-in name or a Hugging Face folder → weights on a device, quantized.
+"""Loads a model for serving: a built-in name, a GGUF file or a Hugging Face folder → weights on a device, quantized.
 
 Uses only `safetensors` and `tokenizers` (no transformers). The wall time of the whole load is the
 cold start the server exports.
@@ -17,6 +17,7 @@ from safetensors import safe_open
 from .builtin import BUILTIN_SPECS, ensure_builtin
 from .config import ModelConfig
 from .cpu_gemm import prepack_linears
+from .gguf_file import BUILTIN_GGUF_MODELS, ensure_gguf_folder, gguf_source
 from .kernels import KernelReport
 from .kernels import report as kernel_report
 from .llama import LlamaForCausalLM
@@ -68,11 +69,15 @@ def resolve_precision(precision: str | None, device: torch.device) -> tuple[str,
 def model_folder(name_or_path: str) -> tuple[str, Path]:
     if name_or_path in BUILTIN_SPECS:
         return name_or_path, ensure_builtin(name_or_path)
+    gguf_path = gguf_source(name_or_path)
+    if gguf_path is not None:  # converted once into a cached folder (see gguf_file)
+        name = name_or_path if name_or_path in BUILTIN_GGUF_MODELS else gguf_path.stem
+        return name, ensure_gguf_folder(gguf_path)
     p = Path(name_or_path).expanduser()
     if not (p / "config.json").is_file():
         raise ValueError(
-            f"model {name_or_path!r} is neither a built-in ({', '.join(BUILTIN_SPECS)}) "
-            "nor a folder with config.json"
+            f"model {name_or_path!r} is neither a built-in ({', '.join((*BUILTIN_SPECS, *BUILTIN_GGUF_MODELS))}), "
+            "a .gguf file nor a folder with config.json"
         )
     return p.name, p
 

@@ -41,8 +41,12 @@ class Tokenizer:
     (ChatML). Models whose vocabulary lacks those markers get the same text; it is just text then.
     """
 
-    def __init__(self, tok: HFTokenizer, eos_token_id: int, stop_token_ids: tuple[int, ...] = ()):
+    def __init__(self, tok: HFTokenizer, eos_token_id: int, stop_token_ids: tuple[int, ...] = (),
+                 chat_template: str | None = None, special_tokens: dict[str, str] | None = None):
         self._tok = tok
+        self.chat_template = chat_template
+        self._template: Any = None  # compiled on first use
+        self.special_tokens = dict(special_tokens or {})  # bos_token / eos_token text for templates
         self.eos_token_id = eos_token_id
         # Token ids that end a turn besides EOS (e.g. <|im_end|> for chat).
         self.stop_token_ids = tuple(sorted({eos_token_id, *stop_token_ids}))
@@ -66,18 +70,24 @@ class Tokenizer:
             raise ValueError(f"{folder} has no tokenizer.json")
         tok = HFTokenizer.from_file(str(path))
         cfg_path = Path(folder) / "tokenizer_config.json"
-        if cfg_path.is_file():
-            cfg = json.loads(cfg_path.read_text())
-            eos = cfg.get("eos_token")
-            if isinstance(eos, dict):
-                eos = eos.get("content")
-            if eos_token_id is None and isinstance(eos, str) and tok.token_to_id(eos) is not None:
-                eos_token_id = tok.token_to_id(eos)
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        specials = {}
+        for key in ("bos_token", "eos_token"):
+            value = cfg.get(key)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                specials[key] = value
+        eos = specials.get("eos_token")
+        if eos_token_id is None and eos is not None and tok.token_to_id(eos) is not None:
+            eos_token_id = tok.token_to_id(eos)
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # several named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         if eos_token_id is None:
             eos_token_id = tok.token_to_id(END_OF_TEXT) or 0
         im_end = tok.token_to_id(CHAT_END)
         stops = tuple(extra_eos) + ((im_end,) if im_end is not None else ())
-        return cls(tok, int(eos_token_id), stops)
+        return cls(tok, int(eos_token_id), stops, template if isinstance(template, str) else None, specials)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
@@ -106,6 +116,9 @@ class Tokenizer:
         return b"".join(self.token_bytes(int(i)) for i in ids)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
+        """The model's own Jinja chat template when it has one (as transformers renders it), else ChatML."""
+        if self.chat_template:
+            return self._render(messages)
         parts = []
         for m in messages:
             role = str(m.get("role", "user"))
@@ -115,3 +128,29 @@ class Tokenizer:
             parts.append(f"{CHAT_START}{role}\n{content}{CHAT_END}\n")
         parts.append(f"{CHAT_START}assistant\n")
         return "".join(parts)
+
+    def _render(self, messages: list[dict]) -> str:
+        if self._template is None:
+            from jinja2 import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise TemplateError(message)
+
+            # transformers' settings: a sandbox (templates come with downloaded files), trim/lstrip blocks.
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self._template = env.from_string(self.chat_template)
+        from jinja2 import TemplateError
+
+        plain = [{"role": str(m.get("role", "user")), "content": _text(m.get("content", ""))} for m in messages]
+        try:
+            return self._template.render(messages=plain, add_generation_prompt=True, **self.special_tokens)
+        except TemplateError as exc:
+            raise ValueError(f"the model's chat template rejected these messages: {exc}") from exc
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):  # OpenAI content parts: keep the text ones
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)

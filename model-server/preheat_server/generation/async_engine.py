@@ -76,7 +76,6 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._tracked: dict[str, _Tracked] = {}     # engine thread only
         self.num_in_flight = 0                       # event loop only: admitted, not yet finished
-        self._idle = asyncio.Event()
         self._stopped_early: set[str] = set()       # event loop only: ended by a stop string
         self._counters = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}
         self._sync_counter_baseline()
@@ -87,7 +86,6 @@ class AsyncEngine:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._idle.set()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
 
@@ -113,7 +111,6 @@ class AsyncEngine:
         self.check_admission()
         tracked = _Tracked(arrival=time.perf_counter(), queue=asyncio.Queue())
         self.num_in_flight += 1
-        self._idle.clear()
         finished = False
         try:
             self._submit(_Command("add", request_id, list(prompt_token_ids), params, tracked))
@@ -135,20 +132,10 @@ class AsyncEngine:
                     self._submit(_Command("abort", request_id, reason=reason))
             self._stopped_early.discard(request_id)
             self.num_in_flight -= 1
-            if self.num_in_flight == 0:
-                self._idle.set()
 
     def mark_stopped(self, request_id: str) -> None:
         """The caller found a stop string: the coming abort is a normal finish (reason "stop")."""
         self._stopped_early.add(request_id)
-
-    async def wait_idle(self, timeout: float | None) -> bool:
-        """Wait until no request is in flight; False if the timeout passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
 
     def stop(self) -> None:
         with self._cond:

@@ -11,10 +11,11 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from preheat_server.async_engine import AsyncEngine
-from preheat_server.completion_cache import CachedGeneration, CacheKey, CompletionCache
+from preheat_server.generation.async_engine import AsyncEngine
+from preheat_server.generation.completion_cache import CachedGeneration, CacheKey, CompletionCache
+from preheat_server.generation.text_stream import TextStream
 from preheat_server.metrics import ServerMetrics
-from preheat_server.text_stream import TextStream
+from preheat_server.sampling import SamplingParams
 
 SAMPLING_EPS = 1e-5
 
@@ -83,14 +84,12 @@ def new_request_id(prefix: str) -> str:
 class GenerationService:
     """Everything between a parsed API request and engine token ids."""
 
-    def __init__(self, loaded: Any, engine: AsyncEngine, cache: CompletionCache, metrics: ServerMetrics,
-                 sampling_params_cls: type) -> None:
+    def __init__(self, loaded: Any, engine: AsyncEngine, cache: CompletionCache, metrics: ServerMetrics) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.engine = engine
         self.cache = cache
         self.metrics = metrics
-        self._sampling_params_cls = sampling_params_cls
         self.max_model_len = int(loaded.config.max_position_embeddings)
         self.vocab_size = int(loaded.config.vocab_size)
 
@@ -144,15 +143,12 @@ class GenerationService:
             top_k=0 if top_k is None or top_k < 1 else int(top_k), seed=seed, stop=stop,
             stop_token_ids=stop_ids, ignore_eos=ignore_eos)
 
-    def _params(self, req: GenerationRequest) -> Any:
-        return self._sampling_params_cls(
+    def _params(self, req: GenerationRequest) -> SamplingParams:
+        return SamplingParams(
             max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
             seed=req.seed, stop_token_ids=tuple(req.stop_token_ids), ignore_eos=req.ignore_eos)
 
     # ---- running ----
-
-    def check_admission(self) -> None:
-        self.engine.check_admission()
 
     async def stream(self, req: GenerationRequest) -> AsyncIterator[Delta]:
         """Text deltas as tokens come out; whole UTF-8 characters only, stop strings cut and never sent."""

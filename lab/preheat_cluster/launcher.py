@@ -214,6 +214,21 @@ class LocalCluster:
             write_kubeconfig=self._write_kubeconfig,
             issue_cert=lambda name, **kw: issue_cert(self.pki, name, **kw))
 
+    def load_image(self, name: str) -> float:
+        """Import cluster/images.sh's archive `name` (e.g. "model-server") into every real node;
+        returns seconds taken."""
+        if self._state().get("node_kind") != "real":
+            raise ClusterError("images are loaded into real nodes only (the node agent runs host commands)")
+        archive = self.bin_dir.parent / "images" / f"{name}.tar"
+        if not archive.exists():
+            raise ClusterError(f"no image archive {archive}: run `make images` (cluster/images.sh {name})")
+        t0 = time.monotonic()
+        try:
+            self._fleet().load_image(archive)
+        except NodeError as e:
+            raise ClusterError(str(e)) from e
+        return time.monotonic() - t0
+
     def component_pids(self) -> dict[str, int]:
         return {k: int(v) for k, v in self._state().get("pids", {}).items()}
 

@@ -349,8 +349,8 @@ class ScalingSpec(_Model):
     warm_pool: WarmPoolSpec = _sub(WarmPoolSpec)
     scale_down_stabilization_seconds: int | None = Field(
         default=None, ge=0, le=86400,
-        description="Scale-down stabilisation window. Default: the lead time when forecasting (capacity given back "
-        "can be back within it, and the forecast already covers it), 300 s (HPA's) without forecasts.",
+        description="Scale-down stabilisation window. Default: 300 s (HPA's), and when forecasting at least the lead "
+        "time (capacity given back cannot be back sooner).",
     )
     scale_to_zero: bool = False
     interval_seconds: float = Field(

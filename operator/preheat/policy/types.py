@@ -51,9 +51,8 @@ class PolicyConfig:
     panic_window_s: float = 6.0
     panic_threshold: float = 2.0
     max_scale_up_rate: float = 1000.0
-    # Scale-down stabilisation window (HPA's rule: the highest recommendation within it wins). None: the
-    # lead time when forecasting (a replica removed now is back within it, and the forecast already
-    # covers the lead time), HPA's 300 s without a forecast.
+    # Scale-down stabilisation window (HPA's rule: the highest recommendation within it wins). None:
+    # HPA's 300 s, and when forecasting at least the lead time (a replica removed now is back no sooner).
     scale_down_stabilization_s: float | None = None
     max_scale_down_rate: float = 2.0
     warm_pool_min: int = 0

@@ -133,7 +133,8 @@ def markdown(docs: list[dict[str, Any]]) -> str:
                 cells = [("**" + h(row["cost"][n]) + "**") if n == "preheat" else h(row["cost"][n]) for n in names]
                 m, r = row["margin_vs_best"], row["preheat_vs_oracle"]
                 margin = "no baseline reaches it" if row["best_baseline"] is None else (
-                    "Preheat does not reach it" if m is None else f"{100 * m:+.1f} % vs {row['best_baseline']}")
+                    "Preheat does not reach it" if m is None
+                    else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {row['best_baseline']}")
                 lines.append(f"| {d['trace_key']} | {d['cold_key']} | {label} | {100 * float(target):g} % | "
                              + " | ".join(cells) + f" | {margin} | {'—' if r is None else f'{r:.2f}×'} |")
     return "\n".join(lines)

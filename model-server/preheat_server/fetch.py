@@ -219,6 +219,7 @@ def fetch(uri: str, target: Path, *, sha256: str | None = None, cache_dir: Path 
     _check_uri(uri)
     if sha256 is not None and (len(sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha256)):
         raise FetchError(f"--sha256 must be 64 hex digits, got {sha256!r}")
+    sha256 = sha256.lower() if sha256 else None  # one cache entry whatever the case it was given in
     start = time.monotonic()
     if cache_dir is not None:
         entry = cache_dir / cache_key(uri, sha256)

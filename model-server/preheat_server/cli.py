@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="entries of the cache of greedy non-streamed answers; 0 disables (default: %(default)s)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="become ready without running a warm-up request")
+    p.add_argument("--api-key", default=os.environ.get("PREHEAT_API_KEY") or None,
+                   help="require `Authorization: Bearer KEY` on every route but /health*, /metrics and "
+                        "/openapi.json (401 otherwise); default $PREHEAT_API_KEY, else no key")
     p.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING (default: %(default)s)")
     return p
 

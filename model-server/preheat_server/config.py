@@ -28,6 +28,7 @@ class ServerConfig:
     embedding_max_queue_delay_ms: float = 5.0
     completion_cache_size: int = 256
     warmup: bool = True
+    api_key: str | None = None          # --api-key, else $PREHEAT_API_KEY (e.g. from a Secret); None: open
 
     def bind_host(self) -> str:
         return self.host or os.environ.get("POD_IP") or "127.0.0.1"

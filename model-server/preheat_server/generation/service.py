@@ -8,14 +8,14 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from preheat_server.generation.async_engine import AsyncEngine
 from preheat_server.generation.completion_cache import CachedGeneration, CacheKey, CompletionCache
 from preheat_server.generation.text_stream import TextStream
 from preheat_server.metrics import ServerMetrics
-from preheat_server.sampling import SamplingParams
+from preheat_server.sampling import SamplingParams, TokenLogprob
 
 SAMPLING_EPS = 1e-5
 
@@ -43,10 +43,13 @@ class GenerationRequest:
     stop: list[str]
     stop_token_ids: list[int]
     ignore_eos: bool
+    logprobs: int | None = None         # each output token's log-probability, with this many alternatives
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (echo with logprobs)
 
     @property
     def cacheable(self) -> bool:
-        return self.temperature == 0.0
+        # The cache keeps text, not log-probabilities.
+        return self.temperature == 0.0 and self.logprobs is None and self.prompt_logprobs is None
 
     def cache_key(self) -> CacheKey:
         return CompletionCache.key(self.prompt_token_ids, self.max_tokens, self.stop, self.stop_token_ids,
@@ -61,6 +64,8 @@ class Delta:
     num_prompt_tokens: int
     num_output_tokens: int
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # of this delta's tokens, when asked
+    prompt_logprobs: list[TokenLogprob] | None = None              # on the first delta, when asked
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class Generation:
     num_output_tokens: int
     finish_reason: str
     cached: bool = False
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 _ids = itertools.count()
@@ -113,7 +120,8 @@ class GenerationService:
 
     def build(self, prompt_token_ids: list[int], *, max_tokens: int | None, temperature: float | None,
               top_p: float | None, top_k: int | None, seed: int | None, stop: list[str], ignore_eos: bool,
-              chat: bool, id_prefix: str, param: str) -> GenerationRequest:
+              chat: bool, id_prefix: str, param: str, logprobs: int | None = None,
+              prompt_logprobs: int | None = None) -> GenerationRequest:
         """Check the prompt against the context and fill defaults (no max_tokens: up to the context)."""
         n_prompt = len(prompt_token_ids)
         room = self.max_model_len - n_prompt
@@ -141,12 +149,20 @@ class GenerationService:
             request_id=new_request_id(id_prefix), prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
             temperature=temperature, top_p=top_p,
             top_k=0 if top_k is None or top_k < 1 else int(top_k), seed=seed, stop=stop,
-            stop_token_ids=stop_ids, ignore_eos=ignore_eos)
+            stop_token_ids=stop_ids, ignore_eos=ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+
+    def copies(self, req: GenerationRequest, n: int, id_prefix: str) -> list[GenerationRequest]:
+        """``n`` independent requests for one prompt (n > 1); a seed gives each its own stream (seed + i)."""
+        if n == 1:
+            return [req]
+        return [replace(req, request_id=new_request_id(id_prefix),
+                        seed=None if req.seed is None else (req.seed + i) % 2**63) for i in range(n)]
 
     def _params(self, req: GenerationRequest) -> SamplingParams:
         return SamplingParams(
             max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-            seed=req.seed, stop_token_ids=tuple(req.stop_token_ids), ignore_eos=req.ignore_eos)
+            seed=req.seed, stop_token_ids=tuple(req.stop_token_ids), ignore_eos=req.ignore_eos,
+            logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs)
 
     # ---- running ----
 
@@ -157,21 +173,27 @@ class GenerationService:
         n_out = 0
         gen = self.engine.generate(req.request_id, req.prompt_token_ids, self._params(req))
         try:
+            pending: list[TokenLogprob] = []          # log-probabilities not yet sent with a delta
+            prompt_lp: list[TokenLogprob] | None = None
             async for out in gen:
                 n_out = out.num_output_tokens
+                pending += out.logprobs or []
+                if out.prompt_logprobs is not None:
+                    prompt_lp = out.prompt_logprobs
                 piece = text.feed(self.tokenizer.decode_bytes(out.new_token_ids))
+                finish = None
                 if text.stopped:
                     # Found a stop string: end here, tell the engine to free the sequence now.
                     self.engine.mark_stopped(req.request_id)
-                    yield Delta(piece, n_prompt, n_out, "stop")
-                    return
-                if out.finished:
+                    finish = "stop"
+                elif out.finished:
                     piece += text.finish()
-                    reason = out.finish_reason if out.finish_reason in ("stop", "length") else "stop"
-                    yield Delta(piece, n_prompt, n_out, reason)
+                    finish = out.finish_reason if out.finish_reason in ("stop", "length") else "stop"
+                if finish is not None or piece or pending:
+                    yield Delta(piece, n_prompt, n_out, finish, pending, prompt_lp)
+                    pending, prompt_lp = [], None
+                if finish is not None:
                     return
-                if piece:
-                    yield Delta(piece, n_prompt, n_out)
         finally:
             await gen.aclose()
 
@@ -185,15 +207,19 @@ class GenerationService:
                 return Generation(hit.text, len(req.prompt_token_ids), hit.num_output_tokens, hit.finish_reason,
                                   cached=True)
         parts: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        prompt_lp: list[TokenLogprob] | None = None
         last = Delta("", len(req.prompt_token_ids), 0, "stop")
         # aclosing: if the client goes away (this task is cancelled) the engine request is aborted now,
         # not whenever the abandoned generator is garbage-collected.
         async with aclosing(self.stream(req)) as deltas:
             async for delta in deltas:
                 parts.append(delta.text)
+                logprobs += delta.logprobs
+                prompt_lp = delta.prompt_logprobs if delta.prompt_logprobs is not None else prompt_lp
                 last = delta
         result = Generation("".join(parts), last.num_prompt_tokens, last.num_output_tokens,
-                            last.finish_reason or "stop")
+                            last.finish_reason or "stop", logprobs=logprobs, prompt_logprobs=prompt_lp)
         if key is not None:
             self.cache.put(key, CachedGeneration(result.text, result.num_output_tokens, result.finish_reason))
         return result

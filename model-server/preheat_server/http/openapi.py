@@ -22,6 +22,8 @@ _MODELS = [
     (s.EmbeddingRequest, "validation"), (s.Completion, "serialization"), (s.ChatCompletion, "serialization"),
     (s.ChatCompletionChunk, "serialization"), (s.EmbeddingList, "serialization"),
     (s.ModelList, "serialization"), (s.ErrorBody, "serialization"), (s.Health, "serialization"),
+    (s.TokenizeRequest, "validation"), (s.DetokenizeRequest, "validation"),
+    (s.TokenizeResponse, "serialization"), (s.DetokenizeResponse, "serialization"),
 ]
 
 
@@ -45,6 +47,7 @@ def _inference_errors() -> dict[str, Any]:
     return {
         "400": _error("Malformed JSON, a wrong type, an out-of-range or unsupported parameter, or a prompt "
                       "longer than the context."),
+        "401": _error("--api-key is set and the request lacks `Authorization: Bearer <key>` or has another key."),
         "404": _error("The requested model is not served here."),
         "413": _error("The body is larger than 16 MiB."),
         "429": _error("The queue is full (max-num-seqs + max-queue requests in flight).", retry_after=True),
@@ -83,10 +86,17 @@ def build_openapi() -> dict[str, Any]:
         "/v1/embeddings": post(
             "createEmbedding", "Embed texts (unit-length vectors, dynamic batching).", "EmbeddingRequest",
             _json(_ref("EmbeddingList"), "One embedding per input, in input order.")),
+        "/tokenize": post("tokenize", "Token ids of a prompt, or of chat messages after the chat template.",
+                          "TokenizeRequest", _json(_ref("TokenizeResponse"), "The token ids.")),
+        "/detokenize": post("detokenize", "The text of token ids.", "DetokenizeRequest",
+                            _json(_ref("DetokenizeResponse"), "The text.")),
         "/v1/models": get("listModels", "The models this server serves.",
                           {"200": _json(_ref("ModelList"), "Served models.")}),
         "/health/live": get("liveness", "200 while the process runs (also while loading and draining).",
                             {"200": _json(_ref("Health"), "Alive.")}),
+        "/health": get("health", "200 when serving; 503 while loading or draining (as /health/ready).",
+                       {"200": _json(_ref("Health"), "Ready."),
+                        "503": _json(_ref("Health"), "Loading or draining: send no traffic.")}),
         "/health/ready": get("readiness", "200 when serving; 503 while loading or draining.",
                              {"200": _json(_ref("Health"), "Ready."),
                               "503": _json(_ref("Health"), "Loading or draining: send no traffic.")}),

@@ -3,7 +3,7 @@
 The same models validate requests (strict types: `"5"` is not a number) and generate the OpenAPI
 description (`openapi.py`), so the published schema cannot drift from what the server accepts.
 Unknown fields are ignored, as OpenAI-compatible servers do (clients send `user`, `metadata`, ...);
-known fields whose feature the server lacks (n > 1, logprobs, penalties, tools) are rejected with 400
+known fields whose feature the server lacks (penalties, logit_bias, tools, suffix) are rejected with 400
 rather than silently ignored, because the answer would not be what the client asked for.
 """
 
@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 MAX_STOP_SEQUENCES = 4
 MAX_SEED = 2**63 - 1
+MAX_N = 16           # choices per prompt
+MAX_PROMPTS = 256    # prompts per completions request (lm-eval sends its batches as one request)
+MAX_LOGPROBS = 20
 
 
 class _Request(BaseModel):
@@ -44,18 +47,11 @@ class _SamplingFields(_Request):
         None, description="Up to 4 strings; generation stops before the first one and it is not returned.")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(1, description="Only 1 is supported.")
+    n: int | None = Field(1, ge=1, le=MAX_N, description="Choices to generate for each prompt.")
     presence_penalty: float | None = Field(0.0, ge=-2.0, le=2.0, description="Only 0 is supported.")
     frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0, description="Only 0 is supported.")
     logit_bias: dict[str, float] | None = Field(None, description="Not supported; omit or send {}.")
     ignore_eos: bool | None = Field(False, description="vLLM extension: keep generating past end-of-sequence.")
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, v: int | None) -> int | None:
-        if v is not None and v != 1:
-            raise ValueError("only n=1 is supported.")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -79,6 +75,9 @@ class _SamplingFields(_Request):
             raise ValueError("logit_bias is not supported; omit it or send {}.")
         return v
 
+    def choices_per_prompt(self) -> int:
+        return 1 if self.n is None else self.n
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -88,34 +87,37 @@ class _SamplingFields(_Request):
 class CompletionRequest(_SamplingFields):
     """POST /v1/completions."""
 
-    prompt: str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1, max_length=1)] = Field(
-        description="A string, an array of token ids, or an array holding exactly one of those.")
+    prompt: str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
+        description=f"A string, an array of token ids, or an array of up to {MAX_PROMPTS} of those "
+                    "(each gets its own choices, in order).")
     max_tokens: int | None = Field(16, ge=1, description="Tokens to generate at most (OpenAI's default 16).")
-    echo: bool | None = Field(False, description="Only false is supported.")
-    logprobs: int | None = Field(None, description="Not supported; omit it.")
-    best_of: int | None = Field(None, description="Only 1 is supported.")
+    echo: bool | None = Field(False, description="Return the prompt before the completion (with its "
+                                                 "log-probabilities when logprobs is set).")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description=(
+        "Log-probability of each token and of this many most likely alternatives (classic format)."))
+    best_of: int | None = Field(None, description="Only equal to n (or absent) is supported.")
     suffix: str | None = Field(None, description="Not supported; omit it.")
 
     @field_validator("prompt")
     @classmethod
     def _non_empty_prompt(cls, v: Any) -> Any:
-        if isinstance(v, list) and len(v) == 1 and not isinstance(v[0], int):
-            v = v[0]
-        if v == "":
+        if v == "" or (isinstance(v, list) and any(p == "" for p in v)):
             raise ValueError("prompt must not be empty.")
         return v
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo=true is not supported.")
-        if self.logprobs is not None:
-            raise ValueError("logprobs are not supported.")
-        if self.best_of not in (None, 1):
-            raise ValueError("only best_of=1 is supported.")
+        if self.best_of not in (None, self.choices_per_prompt()):
+            raise ValueError("best_of must equal n (or be omitted): choices are not ranked.")
         if self.suffix:
             raise ValueError("suffix is not supported.")
         return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: a string or a token-id array is one prompt."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
 
 
 class TextPart(_Request):
@@ -141,15 +143,16 @@ class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: int | None = Field(None, ge=1, description="Absent: until end-of-sequence or the context ends.")
     max_completion_tokens: int | None = Field(None, ge=1, description="Newer spelling of max_tokens.")
-    logprobs: bool | None = Field(False, description="Only false is supported.")
-    top_logprobs: int | None = Field(None, description="Not supported; omit it.")
+    logprobs: bool | None = Field(False, description="Return each output token's log-probability.")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                     description="With logprobs: this many most likely alternatives per token.")
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported; omit it.")
     response_format: dict[str, Any] | None = Field(None, description="Only {\"type\": \"text\"} is supported.")
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs or self.top_logprobs is not None:
-            raise ValueError("logprobs are not supported.")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true.")
         if self.tools:
             raise ValueError("tools are not supported.")
         if self.response_format not in (None, {"type": "text"}):
@@ -158,6 +161,27 @@ class ChatCompletionRequest(_SamplingFields):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize (vLLM's shape): a prompt, or chat messages rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send exactly one of prompt and messages.")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
 
 
 class EmbeddingRequest(_Request):
@@ -190,10 +214,19 @@ class EmbeddingUsage(_Response):
     total_tokens: int
 
 
+class CompletionLogprobs(_Response):
+    """The classic format: parallel arrays, one entry per token (the first prompt token's are null)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -207,6 +240,23 @@ class Completion(_Response):
     system_fingerprint: str | None = None
 
 
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob] | None
+
+
 class AssistantMessage(_Response):
     role: Literal["assistant"]
     content: str
@@ -215,7 +265,7 @@ class AssistantMessage(_Response):
 class ChatChoice(_Response):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -237,7 +287,7 @@ class ChatDelta(_Response):
 class ChatChunkChoice(_Response):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -288,6 +338,16 @@ class ErrorDetail(_Response):
 
 class ErrorBody(_Response):
     error: ErrorDetail
+
+
+class TokenizeResponse(_Response):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
 
 
 class Health(_Response):

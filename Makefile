@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries node-binaries images cluster-up-real shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
+.PHONY: setup binaries peers node-binaries images cluster-up-real shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
         bench-server bench-engine bench-http bench-sim bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
@@ -18,6 +18,11 @@ setup: $(STAMP)
 
 binaries:
 	bash cluster/build-binaries.sh all
+
+# The real autoscalers Preheat is compared with (prometheus-adapter for the HPA, KEDA, AIBrix), from their
+# Go modules; not part of `make test` yet (CI time budget). Build times and sizes: $(PREHEAT_CACHE)/bin/.peers-builds.jsonl.
+peers:
+	nice -n 15 bash cluster/build-peers.sh all
 
 # A real node's binaries (kubelet, kube-proxy, containerd, crictl, CoreDNS, pause) and Debian packages.
 node-binaries: binaries

@@ -77,6 +77,8 @@ def policies_from(arg: str) -> list[str]:
 
 
 def _json_safe(x: Any) -> Any:
+    if hasattr(x, "item") and not isinstance(x, list | tuple | dict):  # a numpy scalar (np.float64, np.bool_)
+        x = x.item()
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):

@@ -2,16 +2,26 @@
 
 The init container's manifest is checked in test_builders.py, the fetcher itself in
 tests/server/test_fetch.py; here a pod whose init container failed, as the API server reports it,
-becomes Ready=False with preheat-fetch's own line as the message.
+becomes Ready=False with preheat-fetch's own line as the message. The cluster test does it for real:
+a store on loopback, the operator, the init container and the model server as processes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import tarfile
+import threading
+import urllib.request
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
+from ophelpers import is_ready, wait_for
 from preheat.controller import actuation as a
 from preheat.controller import crd
 from preheat.controller import status as st
 from preheat.controller.spec import describe_error, parse_spec
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 URI = "https://models.example.com/llama.tar.gz"
@@ -99,3 +109,74 @@ def test_a_fetch_still_downloading_or_done_is_not_failing():
     done = _pod_with_failed_fetch({"terminated": {"exitCode": 0, "reason": "Completed"}})
     done["status"]["initContainerStatuses"][0]["ready"] = True
     assert not a.pod_view(done).failing
+
+
+# ---- On the local cluster: a real init container, a real model-server process, a real HTTP store.
+
+def _store(root):
+    """A real http.server over `root` on 127.0.0.1 (the node agent's pods share the host's loopback)."""
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(root)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+def _uri_endpoint(name: str, model: dict) -> dict:
+    return {
+        "apiVersion": "preheat.dev/v1alpha1",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": name},
+        "spec": {
+            "model": model,
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+            "server": {"maxNumSeqs": 2, "maxQueue": 4, "drainTimeoutSeconds": 1},
+            "scaling": {"minReplicas": 1, "maxReplicas": 1, "warmPool": {"min": 0, "max": 0},
+                        "intervalSeconds": 3},
+        },
+    }
+
+
+@pytest.mark.cluster
+def test_a_model_from_a_uri_serves_with_the_download_in_its_cold_start_and_a_bad_uri_says_why(
+        operator_factory, cluster_view, namespace, crd_installed, tmp_path):
+    from preheat_server.models.builtin import ensure_builtin
+
+    root = tmp_path / "store"
+    root.mkdir()
+    with tarfile.open(root / "tiny.tar.gz", "w:gz") as tar:
+        for f in sorted(ensure_builtin("tiny").iterdir()):
+            tar.add(f, arcname=f.name)
+    digest = hashlib.sha256((root / "tiny.tar.gz").read_bytes()).hexdigest()
+    httpd, base = _store(root)
+    try:
+        cv = cluster_view
+        op = operator_factory("--interval", "3")
+        cv.create(_uri_endpoint("bad-uri", {"uri": f"{base}/missing.tar.gz"}))
+        cv.create(_uri_endpoint("from-uri", {"uri": f"{base}/tiny.tar.gz", "sha256": digest}))
+
+        def failing():
+            c = cv.condition("bad-uri", "Ready")
+            return c if c.get("status") == "False" and c.get("reason") == "ModelServerFailing" else None
+
+        cond = wait_for(failing, 180, "bad-uri Ready=False/ModelServerFailing", op)
+        assert "init container fetch-model" in cond["message"] and "HTTP 404" in cond["message"]
+        warnings = [e for e in cv.events("bad-uri") if e["reason"] == "ModelServerFailing"]
+        assert warnings and warnings[0]["type"] == "Warning" and "HTTP 404" in warnings[0]["message"]
+
+        wait_for(lambda: cv.condition("from-uri", "Ready").get("status") == "True", 300, "from-uri Ready=True", op)
+        [pod] = [p for p in cv.live_pods("from-uri") if is_ready(p)]
+        assert [c["name"] for c in pod["spec"]["initContainers"]] == ["fetch-model"]
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/metrics", timeout=10) as r:
+            samples = {s.name: s.value for fam in text_string_to_metric_families(r.read().decode())
+                       for s in fam.samples}
+        download, cold_start = samples["preheat:model_download_seconds"], samples["preheat:model_load_seconds"]
+        assert download > 0 and cold_start > download
+        # The operator's own measurement (pod creation -> Ready) spans the init container too.
+        wait_for(lambda: (cv.status("from-uri").get("coldStartSeconds") or 0) > download, 60,
+                 "status.coldStartSeconds covering the download", op)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

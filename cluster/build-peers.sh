@@ -8,7 +8,9 @@
 # Versions are pinned in cluster/versions.env. Idempotent: a binary whose version stamp matches is not
 # rebuilt. KEDA and AIBrix have replace directives in their go.mod, which Go ignores in a dependency,
 # so each builds through a wrapper module that repeats them (as build-binaries.sh does for Kubernetes).
-# Each build's wall time and binary size go to $PREHEAT_CACHE/bin/.peers-builds.jsonl.
+# Each build's wall time and binary size go to $PREHEAT_CACHE/bin/.peers-builds.jsonl. The CRDs the
+# peers need (KEDA's config/crd/bases, AIBrix's PodAutoscaler) are copied from the same module versions
+# to $PREHEAT_CACHE/peers/<peer>-<version>/crds.
 # Not part of `make test` yet (CI time budget): `make peers`.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -66,6 +68,16 @@ wrapper_module() {
   (cd "$d" && GOFLAGS="$GOFLAGS -tags=tools -mod=mod" go mod tidy)
 }
 
+# copy_crds NAME MODULE VERSION FILE...: CRD manifests (paths inside the module) to the peers' cache.
+copy_crds() {
+  local name="$1" mod="$2" ver="$3"; shift 3
+  local dir dest="$PREHEAT_CACHE/peers/$name-$ver/crds"
+  dir="$(go mod download -json "$mod@$ver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  mkdir -p "$dest"
+  for f in "$@"; do install -m 0644 "$dir/$f" "$dest/"; done
+  log "$name $ver: CRDs in $dest"
+}
+
 build_prometheus_adapter() {
   local v="$PROMETHEUS_ADAPTER_VERSION"
   stamp_ok prometheus-adapter "$v" && { log "prometheus-adapter $v cached"; return; }
@@ -82,6 +94,11 @@ build_prometheus_adapter() {
 
 build_keda() {
   local v="$KEDA_VERSION" ok=1
+  copy_crds keda github.com/kedacore/keda/v2 "$v" config/crd/bases/keda.sh_scaledobjects.yaml \
+    config/crd/bases/keda.sh_scaledjobs.yaml config/crd/bases/keda.sh_triggerauthentications.yaml \
+    config/crd/bases/keda.sh_clustertriggerauthentications.yaml \
+    config/crd/bases/eventing.keda.sh_cloudeventsources.yaml \
+    config/crd/bases/eventing.keda.sh_clustercloudeventsources.yaml
   for b in keda-operator keda-adapter; do stamp_ok "$b" "$v" || ok=0; done
   [ "$ok" = 1 ] && { log "keda $v cached"; return; }
   local d="$work/keda-$v" t0=$SECONDS
@@ -102,10 +119,17 @@ build_keda() {
 
 build_aibrix() {
   local v="$AIBRIX_VERSION"
+  copy_crds aibrix github.com/vllm-project/aibrix "$v" config/crd/autoscaling/autoscaling.aibrix.ai_podautoscalers.yaml
   stamp_ok aibrix-controllers "$v" && { log "aibrix $v cached"; return; }
   local d="$work/aibrix-$v" t0=$SECONDS
   log "aibrix $v: wrapper module in $d"
   wrapper_module "$d" github.com/vllm-project/aibrix "$v" github.com/vllm-project/aibrix/cmd/controllers
+  # AIBrix v0.7.0 pins github.com/bytedance/sonic v1.14.2 (through gin), whose internal/rt has no map
+  # layout for Go >= 1.26 ("undefined: GoMapIterator"); v1.15.0 has one (map_go126.go), so it is raised to that.
+  if go version | grep -qE 'go1\.(2[6-9]|[3-9][0-9])'; then
+    (cd "$d" && go mod edit -require="github.com/bytedance/sonic@$AIBRIX_SONIC_VERSION" \
+       && GOFLAGS="$GOFLAGS -tags=tools -mod=mod" go mod tidy)
+  fi
   (cd "$d" && go build -ldflags "-s -w" -o "$bin/aibrix-controllers" github.com/vllm-project/aibrix/cmd/controllers)
   stamp aibrix-controllers "$v"
   record aibrix-controllers "$v" $((SECONDS - t0))

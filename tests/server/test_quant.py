@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +26,15 @@ from preheat_server.quant import (
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _own_quant_cache(tmp_path_factory: Any, monkeypatch: Any) -> None:
+    """Quantized weights these tests produce go to a temporary cache, not the user's."""
+    from preheat_server.quant import cache as qcache
+
+    root = tmp_path_factory.mktemp("quant-cache")
+    monkeypatch.setattr(qcache, "cache_root", lambda: root)
 
 
 def test_int8_linear_matches_dequantized_weight():
@@ -153,3 +163,46 @@ def test_evaluate_command_prints_quality_and_bytes(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "preheat_server.quant.evaluate", "--model", "tiny",
                           "--text", str(tmp_path / "missing.txt")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "error" in bad.stderr
+
+
+def test_int4_group_size_divides_every_matrix():
+    from preheat_server.quant.quantize import int4_group_size
+
+    assert [int4_group_size(k) for k in (576, 1536, 192, 96, 4096)] == [64, 128, 64, 32, 128]
+    with pytest.raises(ValueError, match="not a multiple of 32"):
+        int4_group_size(100)
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_weights_are_cached_and_a_cached_start_does_not_quantize(
+        tmp_path: Any, monkeypatch: Any, precision: str) -> None:
+    from preheat_server.quant import cache as qcache
+    from preheat_server.quant import quantize as qmod
+
+    monkeypatch.setattr(qcache, "cache_root", lambda: tmp_path)
+    first = load_model("tiny", device="cpu", precision=precision)
+    files = list((tmp_path / "quantized").glob(f"{precision}-*.safetensors"))
+    assert len(files) == 1
+
+    def refuse(*_args: Any) -> None:
+        raise AssertionError("a cached start must not quantize again")
+
+    monkeypatch.setattr(qmod, "quantize_int8_per_channel", refuse)
+    monkeypatch.setattr(qmod, "quantize_int4_groupwise", refuse)
+    second = load_model("tiny", device="cpu", precision=precision)
+    ids = torch.tensor([[3, 17, 42, 99, 5, 8]])
+    assert torch.equal(first.model.forward_dense(ids), second.model.forward_dense(ids))
+    assert second.weight_bytes == first.weight_bytes
+
+
+def test_quant_cache_key_follows_the_content(tmp_path: Any, monkeypatch: Any) -> None:
+    from preheat_server.quant import cache as qcache
+
+    monkeypatch.setattr(qcache, "cache_root", lambda: tmp_path / "cache")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"a" * 100)
+    key = qcache.cache_file([weights], "int4", 128, True)
+    assert qcache.cache_file([weights], "int4", 128, True) == key
+    assert qcache.cache_file([weights], "int8", 128, True) != key
+    weights.write_bytes(b"b" * 100)       # same size, new content (and mtime)
+    assert qcache.cache_file([weights], "int4", 128, True) != key

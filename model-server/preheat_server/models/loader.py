@@ -123,6 +123,55 @@ def load_weights(model: LlamaForCausalLM, folder: Path, dtype: torch.dtype, devi
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
+def _plain_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers of the modules quantization leaves alone (norms, biases of plain layers)."""
+    from ..quant.quantize import Int4Embedding, Int4Linear, Int8Embedding, Int8Linear
+
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, Int4Embedding | Int4Linear | Int8Embedding | Int8Linear):
+            continue
+        for key, t in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]:
+            out[f"{name}.{key}" if name else key] = t
+    return out
+
+
+def _load_quantized(config: ModelConfig, folder: Path, precision: str, load_dtype: torch.dtype,
+                    dev: torch.device, fuse: bool) -> LlamaForCausalLM:
+    """int8/int4 weights from the on-disk cache (see quant.cache), or quantized now and cached."""
+    from ..quant import INT4_GROUP_SIZE, quantize_model
+    from ..quant import cache as qcache
+
+    path = qcache.cache_file(weight_files(folder), precision, INT4_GROUP_SIZE, fuse)
+    stored = qcache.load(path)
+    if stored is not None:
+        stored = {k: v.to(dev) for k, v in stored.items()}
+        config.tie_word_embeddings = bool(stored.pop("meta.tied").item())
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        if fuse:
+            model.fuse_projections()
+        act = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        quantize_model(model, precision, store=stored, restore=True, act_dtype=act)
+        plain = _plain_tensors(model)
+        model.load_state_dict({k: stored[k] for k in plain}, strict=False, assign=True)
+        left = [k for k, t in model.state_dict().items() if t.is_meta]
+        if left:
+            raise ValueError(f"the quantized cache {path} lacks {left[:3]}; delete it to recompute")
+        return model
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    load_weights(model, folder, load_dtype, dev)
+    if fuse:
+        model.fuse_projections()
+    store: dict[str, torch.Tensor] = {}
+    quantize_model(model, precision, store=store)
+    store.update(_plain_tensors(model))
+    store["meta.tied"] = torch.tensor([int(model.config.tie_word_embeddings)])
+    qcache.save(path, store)
+    return model
+
+
 def weight_bytes(module: torch.nn.Module) -> int:
     """Bytes of every persistent tensor, shared (tied) storage counted once."""
     seen: set[int] = set()
@@ -153,15 +202,14 @@ def load_model(name_or_path: str, device: str = "auto", precision: str | None = 
     config = ModelConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
     # Quantizers start from fp32 on CPU (better scales); on CUDA from bf16 to save memory.
     load_dtype = dtype if precision in _FLOAT else (torch.float32 if dev.type == "cpu" else torch.bfloat16)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    load_weights(model, folder, load_dtype, dev)
-    if fuse:
-        model.fuse_projections()
     if precision in ("int8", "int4"):
-        from ..quant import quantize_model
-
-        quantize_model(model, precision)
+        model = _load_quantized(config, folder, precision, load_dtype, dev, fuse)
+    else:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        load_weights(model, folder, load_dtype, dev)
+        if fuse:
+            model.fuse_projections()
     model.eval()
     nbytes = weight_bytes(model)  # before packing: oneDNN's reordered copies are opaque to state_dict
     if prepack is None:

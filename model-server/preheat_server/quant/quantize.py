@@ -88,12 +88,14 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """Group-wise int4 weights in the packed layout of aten's int4 matmul for this device."""
 
-    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype, group_size: int):
+    def __init__(self, w: torch.Tensor | None, bias: torch.Tensor | None, act_dtype: torch.dtype, group_size: int,
+                 quantized: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """From float weights ``w``, or from ``quantized`` = (q [N, K] 0..15, scales_and_zeros) (the cache)."""
         super().__init__()
-        n, k = w.shape
+        q, sz = quantized if quantized is not None else quantize_int4_groupwise(w, group_size)
+        n, k = q.shape
         self.in_features, self.out_features, self.group_size = k, n, group_size
-        q, sz = quantize_int4_groupwise(w, group_size)
-        dev = w.device
+        dev = q.device
         self.mode = "dequant"
         packed = None
         try:
@@ -145,9 +147,10 @@ class Int8Embedding(nn.Module):
 
 
 class Int4Embedding(nn.Module):
-    def __init__(self, w: torch.Tensor, act_dtype: torch.dtype, group_size: int):
+    def __init__(self, w: torch.Tensor | None, act_dtype: torch.dtype, group_size: int,
+                 quantized: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
-        q, sz = quantize_int4_groupwise(w, group_size)
+        q, sz = quantized if quantized is not None else quantize_int4_groupwise(w, group_size)
         self.register_buffer("weight", _pack_nibbles(q))
         # [V, K/group, 2]: row-major so a lookup gathers only its rows' scales.
         self.register_buffer("scales_and_zeros", sz.transpose(0, 1).contiguous().to(torch.bfloat16))
@@ -164,48 +167,89 @@ class Int4Embedding(nn.Module):
         return out.to(self.act_dtype).reshape(*ids.shape, -1)
 
 
-def _group_size_for(k: int, group_size: int) -> int:
-    # Fall back to smaller groups for narrow layers (still a multiple of 32 for the kernels).
+def int4_group_size(k: int, group_size: int = INT4_GROUP_SIZE) -> int:
+    """The largest of group_size, group_size/2, ... (down to 32, the kernels' smallest) dividing ``k``.
+
+    Every matrix must split into whole groups: SmolLM2's hidden size 576 takes 64 where 128 is asked.
+    """
     g = group_size
     while g > 32 and k % g:
         g //= 2
+    if k % g:
+        raise ValueError(f"in_features {k} is not a multiple of 32: no int4 group size divides it")
     return g
 
 
-def quantize_model(model: nn.Module, precision: str, group_size: int = INT4_GROUP_SIZE) -> nn.Module:
-    """Replace every nn.Linear and the token embedding in place with the int8/int4 modules."""
+def quantize_model(model: nn.Module, precision: str, group_size: int = INT4_GROUP_SIZE,
+                   store: dict[str, torch.Tensor] | None = None, restore: bool = False,
+                   act_dtype: torch.dtype | None = None) -> nn.Module:
+    """Replace every nn.Linear and the token embedding in place with the int8/int4 modules.
+
+    ``store``: filled with the quantized tensors by module name (what the on-disk cache keeps).
+    ``restore``: build the modules from ``store`` instead (the model may then live on the meta device).
+    With int4, a tied embedding / lm_head table stays int8 (per row), as llama.cpp keeps a tied output
+    table above 4 bits (Q6_K in its Q4_0 files): it is both the first and the last layer, where 4-bit
+    error costs most, and on small-vocabulary models a large share of the weights.
+    """
     if precision not in ("int8", "int4"):
         raise ValueError(f"quantize_model: precision must be int8 or int4, got {precision!r}")
-    act_dtype = torch.float32
-    for p in model.parameters():
-        act_dtype = torch.bfloat16 if p.device.type == "cuda" else torch.float32
-        break
+    if restore and store is None:
+        raise ValueError("quantize_model: restore needs the stored tensors")
+    if act_dtype is None:   # fp32 activations on CPU (the packed kernels take fp32), bf16 on CUDA
+        act_dtype = torch.float32
+        for p in model.parameters():
+            act_dtype = torch.bfloat16 if p.device.type == "cuda" else torch.float32
+            break
     cfg = getattr(model, "config", None)
     tied = bool(cfg and cfg.tie_word_embeddings)
 
-    def convert_linear(lin: nn.Linear) -> nn.Module:
-        w = lin.weight.data
-        if precision == "int8":
-            q, s = quantize_int8_per_channel(w)
-            return Int8Linear(q, s, None if lin.bias is None else lin.bias.data, act_dtype)
-        g = _group_size_for(w.shape[1], group_size)
-        return Int4Linear(w, None if lin.bias is None else lin.bias.data, act_dtype, g)
+    def int8(name: str, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if restore:
+            return store[f"{name}.q"], store[f"{name}.scales"]
+        q, s = quantize_int8_per_channel(w)
+        if store is not None:
+            store[f"{name}.q"], store[f"{name}.scales"] = q, s
+        return q, s
 
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, convert_linear(child))
+    def int4(name: str, w: torch.Tensor | None, k: int) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        g = int4_group_size(k, group_size)
+        if restore:
+            return (_unpack_nibbles(store[f"{name}.q4"]).to(torch.int32), store[f"{name}.scales_and_zeros"]), g
+        q, sz = quantize_int4_groupwise(w, g)
+        if store is not None:
+            store[f"{name}.q4"], store[f"{name}.scales_and_zeros"] = _pack_nibbles(q), sz.to(torch.bfloat16)
+        return (q, sz), g
+
+    head_int8 = precision == "int8" or tied
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            w = None if restore else child.weight.data
+            bias = None
+            if child.bias is not None:
+                bias = store[f"{name}.bias"] if restore else child.bias.data
+                if store is not None and not restore:
+                    store[f"{name}.bias"] = bias
+            if precision == "int8" or (head_int8 and name == "lm_head"):
+                q, s = int8(name, w)
+                setattr(parent, child_name, Int8Linear(q, s, bias, act_dtype))
+            else:
+                quantized, g = int4(name, w, child.in_features)
+                setattr(parent, child_name, Int4Linear(None, bias, act_dtype, g, quantized=quantized))
 
     emb = model.model.embed_tokens  # type: ignore[union-attr]
     if isinstance(emb, nn.Embedding):
-        w = emb.weight.data
-        if precision == "int8" and tied and isinstance(model.lm_head, Int8Linear):
+        w = None if restore else emb.weight.data
+        if tied and isinstance(model.lm_head, Int8Linear):
             # Tied: the embedding reads the lm_head's int8 rows; one copy of the table in memory.
             head = model.lm_head
             model.model.embed_tokens = Int8Embedding(head.weight, head.scales, act_dtype)
         elif precision == "int8":
-            q, s = quantize_int8_per_channel(w)
+            q, s = int8("model.embed_tokens", w)
             model.model.embed_tokens = Int8Embedding(q, s, act_dtype)
         else:
-            model.model.embed_tokens = Int4Embedding(w, act_dtype, _group_size_for(w.shape[1], group_size))
+            quantized, g = int4("model.embed_tokens", w, emb.embedding_dim)
+            model.model.embed_tokens = Int4Embedding(None, act_dtype, g, quantized=quantized)
     return model

@@ -9,6 +9,7 @@ a store on loopback, the operator, the init container and the model server as pr
 from __future__ import annotations
 
 import hashlib
+import json
 import tarfile
 import threading
 import urllib.request
@@ -16,7 +17,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from ophelpers import is_ready, wait_for
+from ophelpers import is_ready, kubectl, wait_for
 from preheat.controller import actuation as a
 from preheat.controller import crd
 from preheat.controller import status as st
@@ -180,3 +181,18 @@ def test_a_model_from_a_uri_serves_with_the_download_in_its_cold_start_and_a_bad
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"uri": "s3://bucket/llama.tar.gz"}, "model.uri must start with http:// or https://"),
+        ({"builtin": "tiny", "uri": "http://store/x.tar.gz"}, "model.path or model.uri"),
+        ({"builtin": "tiny", "cacheOnNode": True}, "model.cacheOnNode needs model.uri"),
+    ],
+)
+def test_the_api_server_refuses_a_bad_model_uri_with_the_same_words(crd_installed, namespace, model, message):
+    body = _uri_endpoint("bad-model", model)
+    proc = kubectl(crd_installed, "apply", "-n", namespace, "-f", "-", input=json.dumps(body), check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr

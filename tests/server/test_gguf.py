@@ -76,3 +76,18 @@ def test_chat_answers_a_simple_factual_question(smollm2: Any) -> None:
     engine = LLMEngine(smollm2, EngineConfig(num_kv_blocks=32, max_num_seqs=2))
     out = engine.generate([prompt], SamplingParams(max_tokens=24, stop_token_ids=tuple(tok.stop_token_ids)))[0]
     assert "Paris" in tok.decode(out)
+
+
+async def test_chat_completion_over_http_applies_the_models_template(start_http_server: Any, smollm2: Any) -> None:
+    live = await start_http_server(generation_loader=lambda _cfg: smollm2, kv_cache_blocks=64, max_num_seqs=2,
+                                   completion_cache_size=0)
+    question = {"role": "user", "content": "What is the capital of France?"}
+    status, body, _ = await live.post("/v1/chat/completions", {"messages": [question], "max_tokens": 24,
+                                                               "temperature": 0})
+    assert status == 200, body
+    assert "Paris" in body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "stop"    # ended at <|im_end|>, not the token limit
+    # The prompt the server ran is the template's (system turn included), as /tokenize shows.
+    status, tokens, _ = await live.post("/tokenize", {"messages": [question]})
+    assert tokens["tokens"] == smollm2.tokenizer.encode(smollm2.tokenizer.apply_chat_template([question]))
+    assert body["usage"]["prompt_tokens"] == tokens["count"]

@@ -17,6 +17,7 @@ resized to 0.1 vCPU while warm, priced at 0.033 USD per vCPU-hour and 0.0045 USD
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -101,6 +102,22 @@ def burst_check(path: Path, out: Path, rate_scale: float = 0.005, start_window: 
     return doc
 
 
+def interpolated_cost(points: list[dict[str, Any]], target: float) -> float | None:
+    """Replica-seconds at which the frontier (points by cost, attainment interpolated linearly
+    between neighbours) first reaches `target`; None if no point does. Less coarse than cost_at_slo
+    on a 0.1 grid of U, where a policy whose point lands just above the target looks cheap."""
+    pts = sorted((p["replica_seconds"], p["slo_attainment"]) for p in points)
+    best = None
+    for (c0, a0), (c1, a1) in itertools.pairwise(pts):
+        if a0 < target <= a1:
+            c = c0 + (c1 - c0) * (target - a0) / (a1 - a0)
+            best = c if best is None else min(best, c)
+    reached = [c for c, a in pts if a >= target]
+    if reached:
+        best = min(reached) if best is None else min(best, min(reached))
+    return best
+
+
 def rows(policies: dict[str, Any]) -> dict[str, Any]:
     """Per SLO target: Preheat's cost, the best non-oracle baseline's, the margin, the oracle ratio."""
     out: dict[str, Any] = {}
@@ -115,14 +132,22 @@ def rows(policies: dict[str, Any]) -> dict[str, Any]:
             "preheat_vs_oracle": None if pre is None or not oracle else pre / oracle,
             "preheat_lowest": None if best is None else pre is not None and pre <= others[best],
         }
+        interp = {n: interpolated_cost(p["points"], float(target)) for n, p in policies.items()}
+        rest = {n: c for n, c in interp.items() if n not in ("preheat", "oracle") and c is not None}
+        ibest = min(rest, key=rest.get) if rest else None
+        ipre = interp.get("preheat")
+        out[target]["interpolated"] = {
+            "cost": interp, "best_baseline": ibest,
+            "margin_vs_best": None if ipre is None or ibest is None else 1 - ipre / rest[ibest],
+        }
     return out
 
 
 def markdown(docs: list[dict[str, Any]]) -> str:
     names = [n for n in POLICY_NAMES]
     head = ("| trace | cold start | warm cost | SLO | " + " | ".join(names)
-            + " | Preheat vs best baseline | Preheat / oracle |")
-    lines = [head, "|" + "---|" * 4 + "---:|" * (len(names) + 2)]
+            + " | Preheat vs best baseline | Preheat / oracle | same, U interpolated |")
+    lines = [head, "|" + "---|" * 4 + "---:|" * (len(names) + 3)]
     for d in docs:
         for f, res in d["warm_cost_fractions"].items():
             label = f if f == "1" else f"{f} (stand-in)"
@@ -136,8 +161,23 @@ def markdown(docs: list[dict[str, Any]]) -> str:
                     "Preheat does not reach it" if m is None
                     else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {row['best_baseline']}")
                 lines.append(f"| {d['trace_key']} | {d['cold_key']} | {label} | {100 * float(target):g} % | "
-                             + " | ".join(cells) + f" | {margin} | {'—' if r is None else f'{r:.2f}×'} |")
+                             + " | ".join(cells) + f" | {margin} | {'—' if r is None else f'{r:.2f}×'} | "
+                             + _margin_text(_interpolated(res, target)) + " |")
     return "\n".join(lines)
+
+
+def _interpolated(res: dict[str, Any], target: str) -> dict[str, Any]:
+    """The interpolated comparison, recomputed from the points (JSON written before it existed too)."""
+    return rows(res["policies"])[target]["interpolated"]
+
+
+def _margin_text(row: dict[str, Any]) -> str:
+    m, best = row["margin_vs_best"], row["best_baseline"]
+    if best is None:
+        return "no baseline reaches it"
+    if m is None:
+        return "Preheat does not reach it"
+    return f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {best}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,3 +75,12 @@ def test_simulate_runs_the_spec_it_is_given_and_rejects_a_bad_one(tmp_path, caps
     bad.write_text("spec:\n  model: {builtin: tiny}\n  scaling: {minReplicas: 5, maxReplicas: 2}\n")
     assert preheat_main([*args, "--spec", str(bad)]) == 2
     assert "minReplicas must be <= scaling.maxReplicas" in capsys.readouterr().err
+
+
+def test_interpolated_cost_reads_the_curve_between_grid_points():
+    from preheat.sim.bench_frontier import interpolated_cost
+
+    points = [{"slo_attainment": 0.98, "replica_seconds": 100.0}, {"slo_attainment": 1.0, "replica_seconds": 200.0}]
+    assert interpolated_cost(points, 0.99) == pytest.approx(150.0)  # halfway up the segment
+    assert interpolated_cost(points, 1.0) == pytest.approx(200.0)
+    assert interpolated_cost(points[:1], 0.99) is None

@@ -83,4 +83,5 @@ def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".d-", dir=path.parent)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is shared like pip's
     os.replace(tmp, path)

@@ -370,7 +370,7 @@ class LocalCluster:
             from .realnode import add_loopback_address
             add_loopback_address(API_SERVER_IP)
             where = ["--bind-address=0.0.0.0", f"--advertise-address={API_SERVER_IP}",
-                     "--endpoint-reconciler-type=lease",
+                     "--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP",
                      # A lost node's pods are evicted after 10 s, not 5 min (the node-loss test).
                      "--default-not-ready-toleration-seconds=10", "--default-unreachable-toleration-seconds=10"]
         else:
@@ -515,7 +515,11 @@ class LocalCluster:
         if st.get("node_kind") == "real":
             # Real nodes first, while the API server still answers: pods go through CRI, then every
             # host change (mounts, cgroups, bridges, iptables, sysctls) is undone.
-            not_undone = self._fleet().down(pids, procs.terminate)
+            fleet = self._fleet()
+            t_nodes = time.monotonic()
+            not_undone = fleet.down(pids, procs.terminate)
+            if not quiet:
+                print(f"real nodes down in {time.monotonic() - t_nodes:.1f}s {fleet.down_timings_s}", file=sys.stderr)
             from .realnode import del_loopback_address
             del_loopback_address(API_SERVER_IP)
         # The node agent first: on SIGTERM it stops every pod's process group at once.

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -286,6 +286,17 @@ def del_loopback_address(ip: str) -> None:
         run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], check=False)
 
 
+def _bindable(ip: str) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind((ip, 0))
+        except OSError:
+            return False
+    return True
+
+
 def namespace_sysctls() -> None:
     """Forwarding between the nodes' bridges, and bridged pod-to-pod traffic through iptables so
     kube-proxy's NAT sees it (both per network namespace)."""
@@ -410,6 +421,7 @@ class NodeFleet:
     kubectl: Callable[..., str]
     write_kubeconfig: Callable[[Path, str], None]
     issue_cert: Callable[..., tuple[Path, Path]]
+    down_timings_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def saved_sysctls(self) -> Path:
@@ -433,6 +445,9 @@ class NodeFleet:
         self.saved_sysctls.parent.mkdir(parents=True, exist_ok=True)
         if not self.saved_sysctls.exists():
             self.saved_sysctls.write_text(json.dumps(read_sysctls()))
+        if _bindable(self.nodes[0].ip):
+            raise NodeError(f"{self.nodes[0].ip} is already on this namespace's loopback device: another "
+                            "real-node cluster runs here (one per network namespace: they share its stack)")
         namespace_sysctls()
         ensure_cgroup_mounts()
         add_loopback_address(DNS_IP)
@@ -488,17 +503,20 @@ class NodeFleet:
         """Stop kubelets, then every pod through CRI, then containerd; undo every host change.
         Returns what could not be undone (empty when all was)."""
         left: list[str] = []
-        for name in ("coredns", "kube-proxy", *(f"kubelet-{n.index}" for n in self.nodes)):
-            if name in pids:
-                terminate([pids[name]], grace_s=10)
+        t0 = time.monotonic()
+        first = ("coredns", "kube-proxy", *(f"kubelet-{n.index}" for n in self.nodes))
+        terminate([pids[name] for name in first if name in pids], grace_s=10)
         crictl = self.bin_dir / "crictl"
-        for n in self.nodes:
-            alive_ctd = f"containerd-{n.index}" in pids and n.socket.exists()
-            if alive_ctd and os.access(crictl, os.X_OK):
-                run([str(crictl), f"--runtime-endpoint=unix://{n.socket}", "--timeout=30s", "rmp", "-fa"],
-                    timeout=120, check=False)
-            if f"containerd-{n.index}" in pids:
-                terminate([pids[f"containerd-{n.index}"]], grace_s=10)
+        removals = [subprocess.Popen([str(crictl), f"--runtime-endpoint=unix://{n.socket}", "--timeout=30s",
+                                      "rmp", "-fa"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    for n in self.nodes
+                    if f"containerd-{n.index}" in pids and n.socket.exists() and os.access(crictl, os.X_OK)]
+        for r in removals:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                r.wait(timeout=120)
+        t1 = time.monotonic()
+        terminate([pids[f"containerd-{n.index}"] for n in self.nodes if f"containerd-{n.index}" in pids], grace_s=10)
+        self.down_timings_s = {"node_processes_s": round(t1 - t0, 1), "containerd_s": round(time.monotonic() - t1, 1)}
         # Whatever is still in a node's cgroups (shims, containers) goes too.
         ensure_cgroup_mounts()
         for n in self.nodes:

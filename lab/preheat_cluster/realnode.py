@@ -373,7 +373,8 @@ def remove_cgroup_tree(root: str) -> list[str]:
     """rmdir a cgroup subtree, deepest first, in every hierarchy; returns what could not go."""
     left = []
     top = root.lstrip("/").split("/")[0]
-    for ctrl in CGROUP_V1_CONTROLLERS:
+    # runc also makes the container's cgroup in the hybrid layout's cgroup2 tree ("unified").
+    for ctrl in (*CGROUP_V1_CONTROLLERS, "unified"):
         base = Path("/sys/fs/cgroup") / ctrl / top
         if not base.is_dir():
             continue

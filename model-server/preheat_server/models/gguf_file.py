@@ -32,7 +32,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from .builtin import cache_root
 
 # Bump when the conversion changes, so folders converted by older code are not reused.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_GGUF_MODELS = ("smollm2-135m",)
 
@@ -189,6 +189,7 @@ def convert_gguf(path: Path, folder: Path, digest: str = "") -> None:
     meta = _metadata(reader)
     names = {t.name for t in reader.tensors}
     cfg = hf_config(meta, tied="output.weight" not in names)
+    folder.mkdir(parents=True, exist_ok=True)
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         name = _hf_name(t.name)
@@ -200,10 +201,15 @@ def convert_gguf(path: Path, folder: Path, digest: str = "") -> None:
         elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
             w = _unpermute(w, cfg["num_key_value_heads"])
         weights[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a writable copy
+    # The file's own quantization blocks (32 for Q4_0/Q4_1/Q8_0): int4 re-quantizes on that grid, so a
+    # 4-bit file stays (nearly) the numbers it is instead of being rounded twice onto coarser groups.
+    blocks = {gguf.GGML_QUANT_SIZES[t.tensor_type][0] for t in reader.tensors
+              if t.name.startswith("blk.") and len(t.shape) == 2}
+    if len(blocks) == 1 and (block := blocks.pop()) > 1:
+        cfg["quantization_block_size"] = int(block)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     tok = gguf_tokenizer(meta)
     tokens = meta["tokenizer.ggml.tokens"]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     tok.save(str(folder / "tokenizer.json"))
     tok_cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
                                "model_max_length": cfg["max_position_embeddings"],

@@ -142,7 +142,9 @@ def _load_quantized(config: ModelConfig, folder: Path, precision: str, load_dtyp
     from ..quant import INT4_GROUP_SIZE, quantize_model
     from ..quant import cache as qcache
 
-    path = qcache.cache_file(weight_files(folder), precision, INT4_GROUP_SIZE, fuse)
+    # A checkpoint converted from block-quantized GGUF says its block size: int4 groups follow it.
+    group = int(config.extra.get("quantization_block_size") or INT4_GROUP_SIZE)
+    path = qcache.cache_file(weight_files(folder), precision, group, fuse)
     stored = qcache.load(path)
     if stored is not None:
         stored = {k: v.to(dev) for k, v in stored.items()}
@@ -152,7 +154,7 @@ def _load_quantized(config: ModelConfig, folder: Path, precision: str, load_dtyp
         if fuse:
             model.fuse_projections()
         act = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        quantize_model(model, precision, store=stored, restore=True, act_dtype=act)
+        quantize_model(model, precision, group, store=stored, restore=True, act_dtype=act)
         plain = _plain_tensors(model)
         model.load_state_dict({k: stored[k] for k in plain}, strict=False, assign=True)
         left = [k for k, t in model.state_dict().items() if t.is_meta]
@@ -165,7 +167,7 @@ def _load_quantized(config: ModelConfig, folder: Path, precision: str, load_dtyp
     if fuse:
         model.fuse_projections()
     store: dict[str, torch.Tensor] = {}
-    quantize_model(model, precision, store=store)
+    quantize_model(model, precision, group, store=store)
     store.update(_plain_tensors(model))
     store["meta.tied"] = torch.tensor([int(model.config.tie_word_embeddings)])
     qcache.save(path, store)

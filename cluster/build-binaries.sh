@@ -2,19 +2,9 @@
 # Builds the local cluster's binaries from Go modules into $PREHEAT_CACHE/bin.
 # Idempotent: a binary whose version stamp matches is not rebuilt, so a second run takes seconds.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
-PREHEAT_CACHE="${PREHEAT_CACHE:-$HOME/.cache/preheat}"
-bin="$PREHEAT_CACHE/bin"
-work="$PREHEAT_CACHE/gobuild"
-mkdir -p "$bin" "$work"
-export GOFLAGS="${GOFLAGS:-} -trimpath"
-export CGO_ENABLED=0
-
-stamp_ok() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
-stamp() { echo "$2" > "$bin/.$1.version"; }
-log() { echo "[build-binaries] $*" >&2; }
+LOG_TAG=build-binaries
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 build_kubernetes() {
   local want="$KUBERNETES_VERSION" all_ok=1

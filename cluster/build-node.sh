@@ -6,19 +6,9 @@
 # Idempotent like build-binaries.sh: a binary whose version stamp matches is not rebuilt, a package
 # already installed is not reinstalled, so a second run takes seconds.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
-PREHEAT_CACHE="${PREHEAT_CACHE:-$HOME/.cache/preheat}"
-bin="$PREHEAT_CACHE/bin"
-work="$PREHEAT_CACHE/gobuild"
-mkdir -p "$bin" "$work"
-export GOFLAGS="${GOFLAGS:-} -trimpath"
-export CGO_ENABLED=0
-
-stamp_ok() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
-stamp() { echo "$2" > "$bin/.$1.version"; }
-log() { echo "[build-node] $*" >&2; }
+LOG_TAG=build-node
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 timed() { local t0=$SECONDS; "$@"; log "$1 took $((SECONDS - t0)) s"; }
 
 # Debian's packages where Debian's build is what we want: runc (containerd's default runtime), the

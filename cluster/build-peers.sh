@@ -13,19 +13,9 @@
 # to $PREHEAT_CACHE/peers/<peer>-<version>/crds.
 # Not part of `make test` yet (CI time budget): `make peers`.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
-PREHEAT_CACHE="${PREHEAT_CACHE:-$HOME/.cache/preheat}"
-bin="$PREHEAT_CACHE/bin"
-work="$PREHEAT_CACHE/gobuild"
-mkdir -p "$bin" "$work"
-export GOFLAGS="${GOFLAGS:-} -trimpath"
-export CGO_ENABLED=0
-
-stamp_ok() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
-stamp() { echo "$2" > "$bin/.$1.version"; }
-log() { echo "[build-peers] $*" >&2; }
+LOG_TAG=build-peers
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # record NAME VERSION SECONDS: one JSON line per finished build (what it cost on this machine).
 record() {

@@ -79,7 +79,7 @@ bench-sim: setup
 	$(PY) -m preheat.sim.bench --out bench-results/simulate.json
 
 bench-forecast: setup
-	$(PY) -m preheat.forecast.bench --out bench-results/forecast.json
+	$(PY) -m preheat.scaling.forecast.bench --out bench-results/forecast.json
 
 # The CRD is generated from the pydantic spec; the chart carries a copy (a test keeps them equal).
 crd: setup

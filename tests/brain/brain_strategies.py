@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from hypothesis import strategies as st
-from preheat.policy import Observation, PolicyConfig
+from preheat.scaling.policy import Observation, PolicyConfig
 
 # Signal values as they really arrive: good numbers, zeros, and every kind of broken one.
 BAD_VALUES = st.sampled_from([None, math.nan, math.inf, -math.inf, -1.0, -1e-9, -1e300])

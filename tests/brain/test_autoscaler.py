@@ -13,8 +13,9 @@ import math
 
 import numpy as np
 import pytest
-from preheat.forecast import DAY_S
-from preheat.policy import Autoscaler, Decision, Observation, PolicyConfig, ScalingPolicy, replicas_needed
+from preheat.scaling.autoscaler import Autoscaler, ScalingPolicy
+from preheat.scaling.forecast import DAY_S
+from preheat.scaling.policy import Decision, Observation, PolicyConfig, replicas_needed
 
 COLD_START_S = 300.0
 STEP_S = 120.0  # decision interval; coarser than the operator's 15 s to keep the test fast
@@ -139,7 +140,7 @@ def test_autoscaler_holds_on_missing_metrics_and_keeps_forecasting() -> None:
 def test_step_decides_exactly_like_the_pure_decide() -> None:
     """The Autoscaler's shortcut (cold starts cleaned and sorted once per step) changes no decision:
     replay a day, then decide every observation again with the pure `decide` and the same forecasts."""
-    from preheat.policy import PolicyState, decide
+    from preheat.scaling.policy import PolicyState, decide
 
     scaler = Autoscaler(CONFIG)
     seen: list[tuple[Observation, Decision]] = []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from preheat.forecast import (
+from preheat.scaling.forecast import (
     DAY_S,
     KINDS,
     EnsembleForecaster,

@@ -15,7 +15,15 @@ from brain_strategies import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from preheat.policy import Decision, Observation, PolicyConfig, PolicyState, Reason, decide, decide_panic
+from preheat.scaling.policy import (
+    Decision,
+    Observation,
+    PolicyConfig,
+    PolicyState,
+    Reason,
+    decide,
+    decide_panic,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from preheat.policy import (
+from preheat.scaling.policy import (
     Observation,
     PolicyConfig,
     PolicyState,

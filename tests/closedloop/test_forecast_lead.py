@@ -19,8 +19,8 @@ import pytest
 from preheat.controller.brain import Brain, TimeScaledForecaster, make_brain_forecaster, policy_config
 from preheat.controller.observe import duration_s
 from preheat.controller.spec import parse_spec
-from preheat.forecast import make_forecaster
-from preheat.policy import Observation, Reason
+from preheat.scaling.forecast import make_forecaster
+from preheat.scaling.policy import Observation, Reason
 from preheat_lab.closedloop import endpoint_manifest
 from preheat_lab.closedloop import metrics as M
 from preheat_lab.closedloop.experiment import LoopConfig

@@ -8,7 +8,7 @@ import json
 import pytest
 from preheat.controller.brain import Brain, TimeScaledForecaster, forecasting_key, policy_config
 from preheat.controller.spec import parse_spec
-from preheat.policy import Observation
+from preheat.scaling.policy import Observation
 
 
 def spec(**forecasting):

@@ -12,7 +12,7 @@ from preheat.controller.brain import Brain, policy_config
 from preheat.controller.loop import observation, planned_cold_start_s
 from preheat.controller.observe import MetricsResult
 from preheat.controller.spec import parse_spec
-from preheat.policy import lead_time_s
+from preheat.scaling.policy import lead_time_s
 from preheat.sim.baselines import SimContext
 from preheat.sim.fleet import ReplicaPool
 from preheat.sim.preheat_policy import PreheatPolicy

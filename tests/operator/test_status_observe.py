@@ -9,7 +9,7 @@ from preheat.controller import status as st
 from preheat.controller.brain import policy_config
 from preheat.controller.observe import PrometheusSource, duration_s, signal_queries
 from preheat.controller.spec import parse_spec
-from preheat.policy import PolicyConfig
+from preheat.scaling.policy import PolicyConfig
 
 
 def test_transition_time_moves_only_when_status_flips():

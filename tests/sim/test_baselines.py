@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from preheat.policy import Observation, Reason
+from preheat.scaling.policy import Observation, Reason
 from preheat.sim.baselines import HPA, KEDA, KPA, AIBrix, Fixed, SimContext
 from preheat.sim.traces import load_cold_start
 

@@ -1,6 +1,6 @@
 """The operator's handle on the scaling brain: spec -> PolicyConfig, and one Autoscaler per endpoint.
 
-The forecaster and policy (`preheat.forecast`, `preheat.policy`) are shared with the simulator and
+The forecaster and policy (`preheat.scaling.forecast`, `preheat.scaling.policy`) are shared with the simulator and
 know nothing of Kubernetes; this module only translates the CR's spec into their configuration and
 keeps the forecaster reachable so the operator can replay Prometheus history into it on start.
 """
@@ -12,8 +12,9 @@ from typing import Any
 
 from preheat.controller.observe import duration_s
 from preheat.controller.spec import InferenceEndpointSpec
-from preheat.forecast import DAY_S, Forecaster, forecaster_from_dict, make_forecaster
-from preheat.policy import Autoscaler, Decision, Observation, PolicyConfig, PolicyState
+from preheat.scaling.autoscaler import Autoscaler
+from preheat.scaling.forecast import DAY_S, Forecaster, forecaster_from_dict, make_forecaster
+from preheat.scaling.policy import Decision, Observation, PolicyConfig, PolicyState
 
 log = logging.getLogger("preheat.brain")
 
@@ -128,7 +129,7 @@ def make_brain_forecaster(spec: InferenceEndpointSpec, step_s: float) -> Forecas
 
 
 class Brain:
-    """Forecaster + policy for one endpoint: `preheat.policy.Autoscaler`, built from the spec."""
+    """Forecaster + policy for one endpoint: `preheat.scaling.policy.Autoscaler`, built from the spec."""
 
     def __init__(self, config: PolicyConfig, spec: InferenceEndpointSpec, forecaster: Forecaster | None = None,
                  autoscaler: Autoscaler | None = None) -> None:

@@ -32,8 +32,8 @@ from preheat.controller.spec import (
     InferenceEndpointSpec,
     Mode,
 )
-from preheat.policy.decide import clean_cold_starts, cold_start_s
-from preheat.policy.types import Decision, Observation, PolicyConfig, Reason
+from preheat.scaling.policy.decide import clean_cold_starts, cold_start_s
+from preheat.scaling.policy.types import Decision, Observation, PolicyConfig, Reason
 
 log = logging.getLogger("preheat.loop")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from preheat.policy.types import Decision, Observation, Reason
+from preheat.scaling.policy.types import Decision, Observation, Reason
 from preheat.sim.traces import ColdStartSampler
 
 

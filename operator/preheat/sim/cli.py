@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     from dataclasses import fields
 
-    from preheat.policy import PolicyConfig
+    from preheat.scaling.policy import PolicyConfig
 
     known = {f.name for f in fields(PolicyConfig)} | {"forecaster"}
     out: dict[str, Any] = {}

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from preheat.policy import Decision, Observation
+from preheat.scaling.policy import Decision, Observation
 from preheat.sim.baselines import PROMETHEUS, SimContext
 from preheat.sim.traces import ColdStartModel
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from preheat.policy.types import Decision, Observation
+from preheat.scaling.policy.types import Decision, Observation
 from preheat.sim.baselines import BASELINES, MetricView, SimContext
 from preheat.sim.bursts import bursty_flow, step_cv
 from preheat.sim.fleet import SERVING, FleetConfig, ReplicaPool

@@ -167,8 +167,15 @@ class _FirstTokenTimer:
 
 
 def hf_generate(hf, ids: torch.Tensor, mask: torch.Tensor, n: int, streamer=None) -> torch.Tensor:
-    return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=0, streamer=streamer)
+    # Inputs go where the model is (on CUDA, CPU tensors would be copied per call and warned about).
+    return hf.generate(input_ids=ids.to(hf.device), attention_mask=mask.to(hf.device), max_new_tokens=n,
+                       min_new_tokens=n, do_sample=False, pad_token_id=0, streamer=streamer)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so a clock read after it measures the work (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run_hf_serial(hf, reqs) -> dict:
@@ -199,6 +206,7 @@ def run_hf_static(hf, reqs) -> dict:
     t0 = time.perf_counter()
     timer = _FirstTokenTimer()
     hf_generate(hf, ids, mask, n, timer)
+    sync(hf.device)
     wall = time.perf_counter() - t0
     useful = sum(m for _, m in reqs)  # tokens each request asked for; the rest is padding work
     return summary([timer.first - t0] * len(reqs), useful, wall)
@@ -214,12 +222,14 @@ def kv_vs_recompute(loaded, context: int, decode_tokens: int) -> dict:
     while engine.has_unfinished_requests():
         n += sum(len(o.new_token_ids) for o in engine.step())
     kv_tps = n / (time.perf_counter() - t0)
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=loaded.device)
     loaded.model.forward_dense(ids[:, :16])
     reps = 3
+    sync(loaded.device)
     t0 = time.perf_counter()
     for _ in range(reps):  # each new token recomputes the whole context
         loaded.model.forward_dense(ids)
+    sync(loaded.device)
     rec_tps = reps / (time.perf_counter() - t0)
     return {"context_tokens": context, "kv_cache_tokens_per_s": kv_tps, "recompute_tokens_per_s": rec_tps,
             "speedup": kv_tps / rec_tps}

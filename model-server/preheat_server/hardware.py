@@ -38,12 +38,12 @@ def _cpuinfo() -> dict[str, str]:
 def cpu_flags() -> frozenset[str]:
     """Every feature flag the kernel reports for this CPU.
 
-    ``PREHEAT_CPU_FLAGS`` (space-separated) narrows them to those listed, so the kernels of an older CPU
+    ``PREHEAT_CPU_FLAGS`` (separated by spaces or commas) narrows them to those listed, so the kernels of an older CPU
     can be chosen and checked on a newer one; it never adds a feature the CPU lacks.
     """
     flags = frozenset(_cpuinfo().get("flags", "").split())
     narrowed = os.environ.get("PREHEAT_CPU_FLAGS")
-    return flags if narrowed is None else flags & frozenset(narrowed.split())
+    return flags if narrowed is None else flags & frozenset(narrowed.replace(",", " ").split())
 
 
 def cpu_model() -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from . import procs
-from .pki import Pki, ensure_pki, issue_cert
+from .pki import Pki, ensure_front_proxy, ensure_pki, issue_cert
 from .podnet import choose_pod_cidr, release_block
 from .prometheus import remove_file_sd_target, render_config, write_config, write_file_sd_target
 from .realnode import API_SERVER_IP, SERVICE_CIDR, NodeError, NodeFleet, node_binaries_missing, plan_nodes
@@ -36,6 +36,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".cluster"
 DEFAULT_IMAGE_MAP = REPO_ROOT / "cluster" / "image-map.yaml"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent", "prometheus")
+# The autoscalers Preheat is compared with, when `preheat_cluster.peers` started them (host processes
+# like the control plane, so `down` stops them first).
+PEERS = ("prometheus-adapter", "aibrix-controllers", "keda-operator", "keda-adapter")
 # What runs pods: "agent" (node_agent.py, pods as host processes) or "real" (kubelet + containerd,
 # realnode.py). $PREHEAT_NODE_KIND sets the default.
 NODE_KINDS = ("agent", "real")
@@ -347,6 +350,7 @@ class LocalCluster:
 
     def _up_components(self, ports: dict[str, int], pod_cidr: str) -> None:
         pki = ensure_pki(self.state_dir / "pki")
+        front_ca, proxy_crt, proxy_key = ensure_front_proxy(pki)
         b = self.bin_dir
         etcd_url = f"https://127.0.0.1:{ports['etcd']}"
         peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
@@ -391,6 +395,15 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+            # The aggregation layer (kubernetes.io/docs/tasks/extend-kubernetes/configure-aggregation-layer),
+            # with the flags and header names kubeadm sets: extension API servers such as
+            # prometheus-adapter (custom.metrics.k8s.io, read by the HPA) sit behind it. Routing to the
+            # Service's endpoints, not its ClusterIP: nothing here implements ClusterIPs.
+            f"--requestheader-client-ca-file={front_ca}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy_crt}", f"--proxy-client-key-file={proxy_key}",
+            "--enable-aggregator-routing=true",
             "--profiling=false", "--v=1",
         ])
         self._write_kubeconfig(self.kubeconfig, "admin")
@@ -523,7 +536,9 @@ class LocalCluster:
             from .realnode import del_loopback_address
             del_loopback_address(API_SERVER_IP)
         # The node agent first: on SIGTERM it stops every pod's process group at once.
-        order = ["node-agent", "prometheus", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
+        # Peers (prometheus-adapter, ...) started by `preheat_cluster.peers` are recorded like components.
+        peers = [n for n in PEERS if n in pids]
+        order = [*peers, "node-agent", "prometheus", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
         for name in order:
             if name in pids:
                 procs.terminate([pids[name]], grace_s=10)

@@ -291,3 +291,36 @@ def test_lightweight_server_health_metrics_and_drain(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_peer_address_is_in_the_pod_block_and_never_a_pod_address(tmp_path) -> None:
+    """The peers (prometheus-adapter) listen on an address the EndpointSlice can name (the pod block,
+    not loopback) that the node agent never hands a pod."""
+    from preheat_cluster.launcher import LocalCluster
+    from preheat_cluster.peers import peer_address
+
+    cidr = "198.18.16.0/20"
+    cluster = LocalCluster(state_dir=tmp_path)
+    (tmp_path / "state.json").write_text(json.dumps({"pod_cidr": cidr}))
+    addr = peer_address(cluster)
+    assert ipaddress.ip_address(addr) in ipaddress.ip_network(cidr)
+    ips = IpAllocator(cidr)
+    handed = {ips.allocate() for _ in range(len(ips._hosts))}
+    assert addr not in handed and len(handed) == len(ips._hosts)
+
+
+def test_front_proxy_ca_signs_only_the_proxy_client_cert(tmp_path) -> None:
+    """The aggregation layer's trust root is separate from the cluster CA (the Kubernetes docs' advice)."""
+    from preheat_cluster.pki import ensure_front_proxy
+
+    pki = ensure_pki(tmp_path / "pki")
+    ca_path, crt_path, _ = ensure_front_proxy(pki)
+    ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
+    crt = x509.load_pem_x509_certificate(crt_path.read_bytes())
+    cluster_ca = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes())
+    assert crt.issuer == ca.subject != cluster_ca.subject
+    assert crt.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "front-proxy-client"
+    eku = crt.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    crt.verify_directly_issued_by(ca)
+    assert ensure_front_proxy(pki)[1].read_bytes() == crt_path.read_bytes()  # idempotent

@@ -1,0 +1,171 @@
+"""The autoscalers Preheat is compared with, scaling the model server on the local cluster (issue 18).
+
+The real HPA (kube-controller-manager's, every setting its default) reads the model server's request
+rate from Prometheus through the real prometheus-adapter v0.12.0 (cluster/build-peers.sh; scripts/test.sh
+builds it) behind the API server's aggregation layer. A missing adapter binary fails the test with the
+command that builds it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+from preheat.controller.builders import LABEL_ROLE, ROLE_SERVING, common_labels, pod_template
+from preheat.controller.spec import InferenceEndpointSpec
+
+pytestmark = pytest.mark.cluster
+
+METRIC = "preheat:requests_received_per_second"  # the adapter's name for preheat:requests_received_total
+# The per-replica request rate the HPA aims at: below what three closed-loop clients get from one tiny
+# model-server replica on a loaded 2-core box (~1.2 req/s measured), so it must scale up.
+TARGET_PER_REPLICA = 0.5
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+    """Poll `fn` until it returns something truthy; fail with `what` and the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except client.ApiException as e:
+            last = e
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def ready(pod: client.V1Pod) -> bool:
+    return pod.metadata.deletion_timestamp is None and pod.status.pod_ip is not None and any(
+        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _model_server_deployment(name: str) -> dict:
+    """A Deployment of the model server with the pod template Preheat's builder makes for the tiny
+    model (same image, args, probes, scrape annotations). No operator runs here, so every replica
+    serves: the role label says so rather than the builder's "warm" for not-yet-promoted pods."""
+    tpl = pod_template(name, InferenceEndpointSpec.model_validate({"model": {"builtin": "tiny"}}))
+    tpl["metadata"]["labels"][LABEL_ROLE] = ROLE_SERVING
+    return {"metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": common_labels(name)}, "template": tpl}}
+
+
+def _hpa(name: str, target_per_replica: str) -> dict:
+    """autoscaling/v2 on a Pods metric with an AverageValue target, as the HPA walkthrough writes a
+    per-pod rate (packets-per-second); min/max replicas aside, everything is the HPA's default
+    (no behavior: scale up by max(100 %, 4 pods) per 15 s, down after a 300 s stabilization window)."""
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": name},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                     "minReplicas": 1, "maxReplicas": 3,
+                     "metrics": [{"type": "Pods", "pods": {
+                         "metric": {"name": METRIC},
+                         "target": {"type": "AverageValue", "averageValue": target_per_replica}}}]}}
+
+
+class _Traffic:
+    """Closed-loop clients sending completions to the Deployment's ready pods until stopped."""
+
+    def __init__(self, core: client.CoreV1Api, ns: str, selector: str, clients: int = 3):
+        self.core, self.ns, self.selector = core, ns, selector
+        self.stop = threading.Event()
+        self.sent = 0
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+
+    def __enter__(self) -> _Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def _run(self, i: int) -> None:
+        body = json.dumps({"prompt": "hello", "max_tokens": 4}).encode()
+        while not self.stop.is_set():
+            pods = [p for p in self.core.list_namespaced_pod(self.ns, label_selector=self.selector).items if ready(p)]
+            for p in pods[i % max(len(pods), 1):][:1]:
+                req = urllib.request.Request(f"http://{p.status.pod_ip}:8000/v1/completions", data=body,
+                                             method="POST", headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as r:
+                        r.read()
+                    self.sent += 1
+                except OSError:
+                    pass  # a pod going away; the next round picks the live ones
+            if not pods:
+                self.stop.wait(0.5)
+
+
+def test_real_hpa_scales_model_server_on_request_rate_through_prometheus_adapter(
+        local_cluster, kube_api, namespace) -> None:
+    from preheat_cluster import ClusterError
+    from preheat_cluster.launcher import kubectl
+    from preheat_cluster.peers import request_rate_rules, start_prometheus_adapter
+
+    cluster = local_cluster.cluster
+    if cluster is None:
+        pytest.fail("this test runs prometheus-adapter beside the local cluster (not on an external cluster)")
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    name = "hpa-tiny"
+    selector = ",".join(f"{k}={v}" for k, v in common_labels(name).items())
+    apps.create_namespaced_deployment(namespace, _model_server_deployment(name))
+    wait_for("the model server's first replica Ready",
+             lambda: [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items if ready(p)], 240)
+    with _Traffic(core, namespace, selector) as traffic:
+        try:
+            start_prometheus_adapter(cluster, request_rate_rules())
+        except ClusterError as e:
+            pytest.fail(str(e), pytrace=False)
+
+        # The custom metrics API answers from Prometheus data: the adapter's rate for the pod.
+        def metric_values() -> list[dict] | None:
+            sel = urllib.parse.quote(selector)
+            raw = kubectl(cluster, "get", "--raw",
+                          f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/*/{METRIC}?labelSelector={sel}")
+            items = json.loads(raw)["items"]
+            return items if items and all(float(_quantity(i["value"])) > 0 for i in items) else None
+
+        values = wait_for(f"custom.metrics.k8s.io to serve {METRIC} > 0 for the pod", metric_values, 180, interval=2)
+        assert {i["describedObject"]["kind"] for i in values} == {"Pod"}
+
+        client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+            "autoscaling", "v2", namespace, "horizontalpodautoscalers", _hpa(name, f"{int(TARGET_PER_REPLICA * 1000)}m"))
+
+        def scaled_up() -> dict | None:
+            hpa = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+                "autoscaling", "v2", namespace, "horizontalpodautoscalers", name)
+            dep = apps.read_namespaced_deployment(name, namespace)
+            st = hpa.get("status", {})
+            return hpa if st.get("desiredReplicas", 0) > 1 and dep.spec.replicas > 1 else None
+
+        hpa = wait_for("the HPA to scale the Deployment above 1 replica", scaled_up, 240, interval=2)
+        assert traffic.sent > 0
+    st = hpa["status"]
+    print(f"HPA: {st.get('currentReplicas')} -> {st.get('desiredReplicas')} replicas, "
+          f"current {st['currentMetrics']}, conditions {[(c['type'], c['reason']) for c in st['conditions']]}")
+    conds = {c["type"]: c for c in st["conditions"]}
+    # Why it scaled, in the HPA's own words: it could read the metric and act on it.
+    assert conds["ScalingActive"]["status"] == "True" and conds["ScalingActive"]["reason"] == "ValidMetricFound", conds
+    assert conds["AbleToScale"]["status"] == "True", conds
+    current = st["currentMetrics"][0]["pods"]
+    assert current["metric"]["name"] == METRIC
+    assert _quantity(current["current"]["averageValue"]) > TARGET_PER_REPLICA, current
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+    assert any(e.reason == "SuccessfulRescale" and METRIC in (e.message or "") for e in events), \
+        [(e.reason, e.message) for e in events]
+
+
+def _quantity(q: str) -> float:
+    """A Kubernetes quantity as the metrics APIs write it ("1500m", "2", "3k")."""
+    from kubernetes.utils.quantity import parse_quantity
+    return float(parse_quantity(q))

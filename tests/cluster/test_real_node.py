@@ -28,6 +28,11 @@ RESTRICTED = {
     "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# A CPU model-server replica's size for the warm-pool test: 1 core (a node here has 2) and the memory the
+# loaded server keeps while warm: preheat-server --model smollm2-135m was 3.73 GiB RSS once Ready on this
+# machine (tiny: 0.77 GiB), rounded up. Warm: 100m, the same memory (the weights stay loaded).
+SERVING_SIZE = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
+WARM_SIZE = {"requests": {"cpu": "100m"}, "limits": {"cpu": "100m"}}
 # Reads, from inside the container, what the kernel applies to it (cgroups v1 and v2 layouts).
 PROBE = r"""
 import json, os
@@ -245,6 +250,163 @@ def test_in_place_resize_changes_the_cpu_quota_without_a_restart(real, ns: str) 
     assert status["containerID"] == cid and status["restartCount"] == 0
     assert status["resources"]["limits"]["cpu"] == "1"
     print(f"\nin-place resize 250m -> 1 CPU reached the cgroup in {took:.2f}s")
+
+
+# Polls, inside the container, its own CPU quota every 10 ms and prints the wall time it changed.
+WATCH_QUOTA = r"""
+import sys, time
+def cores():
+    for q, p in (("/sys/fs/cgroup/cpu.max", None), ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            parts = open(q).read().split() + ([open(p).read().strip()] if p else [])
+            return int(parts[0]) / int(parts[1])
+        except (OSError, ValueError):
+            pass
+first = cores()
+print("watching", first, flush=True)
+deadline = time.time() + float(sys.argv[1])
+while cores() == first and time.time() < deadline:
+    time.sleep(0.01)
+print(time.time(), cores(), flush=True)
+"""
+# GETs a URL every 20 ms (0.5 s timeout) and prints the wall time of the first 200.
+WATCH_SERVICE = r"""
+import sys, time, urllib.request
+print("watching", flush=True)
+deadline = time.time() + float(sys.argv[2])
+while time.time() < deadline:
+    try:
+        if urllib.request.urlopen(sys.argv[1], timeout=0.5).status == 200:
+            print(time.time(), flush=True)
+            break
+    except OSError:
+        time.sleep(0.02)
+"""
+
+
+def cgroup_size(cluster, pod_name: str, ns: str) -> dict:
+    """The CPU cores and memory bytes the kernel gives a container now (cgroup v1 or v2)."""
+    inside = probe(cluster, pod_name, ns)
+    quota = inside["cpu_quota"]
+    cores = int(quota[0]) / int(quota[1] if len(quota) == 2 else inside["cpu_period"][0])
+    return {"cpu": cores, "memory": int(inside["memory_limit"][0])}
+
+
+def watcher(cluster, ns: str, pod_name: str, script: str, *args: str) -> subprocess.Popen:
+    p = subprocess.Popen([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "exec", "-n", ns,
+                          pod_name, "--", "python3", "-c", script, *args], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().startswith("watching"), f"watcher in {pod_name} did not start"
+    return p
+
+
+def watched_time(p: subprocess.Popen) -> float:
+    out, _ = p.communicate(timeout=90)
+    assert out.strip(), "the watcher saw no change"
+    return float(out.split()[0])
+
+
+def test_operator_resizes_a_warm_pod_in_place_and_promotes_it(real, ns: str, monkeypatch) -> None:
+    """The operator's own plan and scale code (scaling.warmPool.resources) against real kubelets: a Ready
+    pod shrinks to the warm size in place, and a promotion resizes it back and relabels it into the
+    Service, with no restart (same container, restartCount 0) and the kernel's CPU quota following."""
+    from kubernetes import client, config
+    from preheat.controller import actuation, kube, scale, warm_size
+    from preheat.controller.builders import (
+        CONTAINER,
+        LABEL_ROLE,
+        pod_sizes,
+        pod_template,
+        selector_labels,
+        selector_string,
+        serving_selector,
+    )
+    from preheat.controller.spec import parse_spec
+
+    spec = parse_spec({"model": {"builtin": "tiny"}, "resources": SERVING_SIZE,
+                       "scaling": {"warmPool": {"min": 1, "resources": WARM_SIZE}}})
+    sizes = pod_sizes(spec)
+    cfg = client.Configuration()
+    config.load_kube_config(str(real.kubeconfig), client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    monkeypatch.setattr(kube, "_SHARED", api)
+    core = client.CoreV1Api(api)
+
+    # The endpoint's pod template as the operator builds it (labels, deletion cost, resources, resizePolicy),
+    # running a small HTTP server from the operator image in place of the model server.
+    template = pod_template("ep", spec)
+    c = template["spec"]["containers"][0]
+    assert c["name"] == CONTAINER and c["resizePolicy"]
+    c.update(image=OPERATOR_IMAGE, imagePullPolicy="Never", securityContext=RESTRICTED,
+             command=["python3", "-m", "http.server", "8000", "--directory", "/opt"], args=[],
+             readinessProbe={"tcpSocket": {"port": 8000}, "periodSeconds": 1})
+    c.pop("livenessProbe")
+    c.pop("lifecycle")  # its preStop sleep would outlast the test pods' 1 s grace period
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": n, "namespace": ns},
+             "spec": {**template["spec"], "terminationGracePeriodSeconds": 1}} for n in ("ep-a", "ep-b")]
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ep", "namespace": ns},
+           "spec": {"selector": serving_selector("ep"), "ports": [{"port": 80, "targetPort": 8000}]}}
+    client_pod = pod("client", OPERATOR_IMAGE, ["python3", "-c", "import time; time.sleep(3600)"], cpu="100m",
+                     memory="64Mi")
+    client_pod["metadata"]["namespace"] = ns
+    apply(real, *pods, svc, client_pod)
+    wait("both pods and the client Ready", lambda: all(running(real, n, ns) for n in ("ep-a", "ep-b", "client")),
+         timeout=180)
+
+    def views() -> list[actuation.PodView]:
+        items = core.list_namespaced_pod(ns, label_selector=selector_string(selector_labels("ep"))).items
+        return [actuation.pod_view(api.sanitize_for_serialization(p)) for p in items]
+
+    def containers() -> dict[str, tuple[str, int]]:
+        return {n: (lambda s: (s["containerID"], s["restartCount"]))(get(real, "pod", n, ns)["status"]["containerStatuses"][0])
+                for n in ("ep-a", "ep-b")}
+
+    serving_cgroup = cgroup_size(real, "ep-a", ns)
+    assert serving_cgroup["cpu"] == pytest.approx(float(warm_size.quantity(SERVING_SIZE["limits"]["cpu"])))
+    born = containers()
+    # Both Ready and warm at the serving size they loaded at: the plan shrinks both, in place.
+    down = actuation.plan(views(), serving=0, total=2, current_replicas=2, sizes=sizes)
+    assert sorted((r.name, r.up) for r in down.resize) == [("ep-a", False), ("ep-b", False)]
+    t0 = time.monotonic()
+    scale.scale(ns, "ep", down)
+    warm_cpu = float(warm_size.quantity(WARM_SIZE["limits"]["cpu"]))
+    for n in ("ep-a", "ep-b"):
+        wait(f"{n} at the warm size", lambda n=n: cgroup_size(real, n, ns)["cpu"] == pytest.approx(warm_cpu), timeout=60)
+    shrink_s = time.monotonic() - t0
+    warm_cgroup = cgroup_size(real, "ep-b", ns)
+    assert containers() == born  # no restart
+    assert actuation.plan(views(), serving=0, total=2, current_replicas=2, sizes=sizes).resize == ()
+
+    # Promote one: the plan resizes it up before the relabel that puts it in the Service.
+    up = actuation.plan(views(), serving=1, total=2, current_replicas=2, sizes=sizes)
+    assert len(up.promote) == 1 and [(r.name, r.up) for r in up.resize] == [(up.promote[0], True)]
+    promoted = up.promote[0]
+    other = ({"ep-a", "ep-b"} - {promoted}).pop()
+    ip = get(real, "service", "ep", ns)["spec"]["clusterIP"]
+    quota_watch = watcher(real, ns, promoted, WATCH_QUOTA, "60")
+    serve_watch = watcher(real, ns, "client", WATCH_SERVICE, f"http://{ip}/", "60")
+    t_promote = time.time()
+    scale.scale(ns, "ep", up)
+    applied_s = time.time() - t_promote
+    to_cgroup_s = watched_time(quota_watch) - t_promote
+    to_serving_s = watched_time(serve_watch) - t_promote
+    assert get(real, "pod", promoted, ns)["metadata"]["labels"][LABEL_ROLE] == "serving"
+    assert cgroup_size(real, promoted, ns)["cpu"] == pytest.approx(serving_cgroup["cpu"])
+    assert cgroup_size(real, other, ns)["cpu"] == pytest.approx(warm_cpu)
+    assert containers() == born  # still the same containers, never restarted
+    status = get(real, "pod", promoted, ns)["status"]["containerStatuses"][0]
+    assert warm_size.same(status["resources"], sizes[0])
+    assert actuation.plan(views(), serving=1, total=2, current_replicas=2, sizes=sizes).resize == ()
+
+    # The fraction the kernel's sizes give, priced by the spec's cost model, is the one status reports.
+    gib = spec.scaling.warm_pool.memory_cost_per_gib
+    measured = ((warm_cgroup["cpu"] + warm_cgroup["memory"] / 2**30 * gib)
+                / (serving_cgroup["cpu"] + serving_cgroup["memory"] / 2**30 * gib))
+    assert measured == pytest.approx(spec.warm_cost_fraction(), rel=1e-6)
+    figures = {"shrink_both_s": round(shrink_s, 3), "promotion_api_calls_s": round(applied_s, 3),
+               "promotion_to_cgroup_s": round(to_cgroup_s, 3), "promotion_to_serving_s": round(to_serving_s, 3),
+               "serving_cgroup": serving_cgroup, "warm_cgroup": warm_cgroup, "warm_cost_fraction": round(measured, 4)}
+    print(f"\nwarm pool resized in place: {json.dumps(figures)}")
+    Path(real.state_dir / "warm-resize.json").write_text(json.dumps(figures) + "\n")
 
 
 def test_losing_a_node_reschedules_its_pods(real, ns: str) -> None:

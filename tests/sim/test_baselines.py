@@ -38,12 +38,12 @@ def test_hpa_scale_up_rate_limit():
     assert hpa.decide(obs(60, 400.0)).serving == 40
 
 
-def test_hpa_scale_down_stabilisation_window():
+def test_hpa_scale_down_stabilization_window():
     hpa = ready(HPA())
     assert hpa.decide(obs(0, 80.0)).serving == 8
     held = [hpa.decide(obs(t, 20.0)) for t in range(15, 300, 15)]
     assert all(d.serving == 8 for d in held)  # the 80 req/s recommendation is still in the window
-    assert held[0].reason == Reason.STABILISATION
+    assert held[0].reason == Reason.STABILIZATION
     assert hpa.decide(obs(300, 20.0)).serving == 2  # the window has passed: down in one step
 
 
@@ -118,7 +118,7 @@ def test_fixed_fleet_sizes_for_the_peak_or_holds_the_size_it_is_given():
 
 
 def test_always_on_frontier_attainment_rises_with_the_fleet(data_dir):
-    from preheat.sim.bench import fixed_frontier
+    from preheat_lab.bench_sim import fixed_frontier
 
     rows = fixed_frontier(data_dir / "azure_llm_2023_code_excerpt.csv", range(1, 6, 2))
     assert [r["replicas"] for r in rows] == [1, 3, 5]

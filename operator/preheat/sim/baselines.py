@@ -119,9 +119,9 @@ class HPA(Baseline):
             self._recs.popleft()
         desired, reason = rec, Reason.REACTIVE
         if desired < current:
-            stabilised = max(r for _, r in self._recs)
-            if stabilised > desired:
-                desired, reason = min(stabilised, current), Reason.STABILISATION
+            stabilized = max(r for _, r in self._recs)
+            if stabilized > desired:
+                desired, reason = min(stabilized, current), Reason.STABILIZATION
         if desired > current:
             limit = max(2 * current, current + 4)
             if desired > limit:
@@ -226,7 +226,7 @@ class KPA(Baseline):
         if desired == 0:
             self.zero_since = now if self.zero_since is None else self.zero_since
             if now - self.zero_since < self.scale_to_zero_grace_s:
-                desired, reason = max(current, 1) if current else 0, Reason.STABILISATION
+                desired, reason = max(current, 1) if current else 0, Reason.STABILIZATION
             else:
                 reason = Reason.SCALE_TO_ZERO
         else:
@@ -299,31 +299,66 @@ class Fixed(Baseline):
 
 
 class Oracle(Baseline):
-    """Perfect foresight: at every tick, serving = what the true rate needs at any time between now and
-    the moment a replica started now would be Ready (next cold start + one tick), at the target
-    utilization. Scales down as soon as the future allows; no stabilisation needed."""
+    """Perfect foresight of the true signal and of the cold-start draws: the lower bound of the frontier.
+
+    It sizes on the signal every other policy's target utilization refers to, the rate over a
+    `PROMETHEUS.window_s` (60 s) window, here centred on each moment instead of lagging behind it. A
+    ready replica is kept while the signal needs it before a replacement could be Ready (the next cold
+    start); the j-th replica it would start gets the sampler's j-th next draw, so it is started now only
+    if the signal needs it within that draw (a long draw does not make every replica wait for it).
+
+    Two things made the earlier oracle cost more than causal policies (mooncake 300 s, deepseek measured):
+    it sized on the peak of the 10 s bins over the whole horizon (a 310 s peak-hold of a noisy rate:
+    near the trace's peak all the time, so even U = 1 cost more than the fixed fleet), and it held every
+    replica for the longest of the next draws (one slow measured cold start kept the whole fleet up).
+    """
 
     name = "oracle"
     interval_s = 5.0
+    max_new_per_tick = 256  # more draws than any fleet here starts at once
+
+    def __init__(self, window_s: float = PROMETHEUS.window_s) -> None:
+        self.window_s = window_s
+
+    def prepare(self, ctx: SimContext) -> None:
+        super().prepare(ctx)
+        t = ctx.curve_t
+        step = float(t[1] - t[0]) if len(t) > 1 else 1.0
+        r = np.nan_to_num(ctx.curve_rate)
+        half = max(0, round(self.window_s / step / 2))
+        cum = np.concatenate([[0.0], np.cumsum(r)])
+        i = np.arange(len(r))
+        lo, hi = np.maximum(i - half, 0), np.minimum(i + half + 1, len(r))
+        self._signal = (cum[hi] - cum[lo]) / np.maximum(hi - lo, 1)
+        self._t0, self._step = (float(t[0]) if len(t) else 0.0), step
+
+    def _tick(self) -> float:
+        # Two decision periods: its own tick, or the engine's grid when coarser (the fluid engine decides
+        # once per 15 s step, so a replica is Ready at the first step after its draw, not 10 s after).
+        return 2 * max(self.interval_s, self._step)
+
+    def initial(self) -> tuple[int, int]:
+        # The starting fleet covers what comes before a replica started at 0 could be Ready (with a
+        # 300 s cold start on a short trace, nothing it starts later ever serves).
+        horizon = self.ctx.cold_starts.peek() + self._tick()
+        return max(1, self.ctx.need(self._peak(0.0, horizon))), 0
 
     def _peak(self, now: float, horizon: float) -> float:
-        t, r = self.ctx.curve_t, self.ctx.curve_rate
-        lo = int(np.searchsorted(t, now, side="right")) - 1
-        hi = int(np.searchsorted(t, now + horizon, side="right"))
-        window = r[max(lo, 0):max(hi, lo + 1)]
-        window = window[np.isfinite(window)]
-        return float(window.max()) if len(window) else 0.0
+        n = len(self._signal)
+        lo = min(max(int((now - self._t0) // self._step), 0), n)
+        hi = min(max(int((now + horizon - self._t0) // self._step) + 1, lo + 1), n)
+        return float(self._signal[lo:hi].max()) if hi > lo else 0.0
 
     def decide(self, obs: Observation) -> Decision:
-        now = obs.time_s
-        # The horizon is the longest of the cold starts the replicas it is about to start will take
-        # (known exactly: the sampler's next draws); two passes settle how many that is.
-        horizon = self.ctx.cold_starts.peek() + 2 * self.interval_s
-        n = max(1, self.ctx.need(self._peak(now, horizon)))
-        new = max(0, n - obs.current_serving)
-        if new > 1:
-            horizon = self.ctx.cold_starts.peek(new) + 2 * self.interval_s
-            n = max(1, self.ctx.need(self._peak(now, horizon)))
+        now, tick = obs.time_s, self._tick()
+        draws = self.ctx.cold_starts.upcoming(self.max_new_per_tick)
+        horizon = draws[0] + tick
+        n = max(1, self.ctx.need(self._peak(now, horizon)))  # keep: a replacement takes the next draw
+        base = max(n, obs.current_serving)
+        for j, cold in enumerate(draws, start=1):  # start the j-th new replica if needed within its draw
+            if self.ctx.need(self._peak(now, cold + tick)) < base + j:
+                break
+            n, horizon = base + j, max(horizon, cold + tick)
         peak = self._peak(now, horizon)
         return _decision(n, Reason.FORECAST, f"oracle: true peak {peak:.3g} within {horizon:.0f}s -> {n}", now,
                          forecast_value=peak, forecast_need=n, lead_time_s=horizon)

@@ -5,8 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries peers node-binaries images cluster-up-real shell crd test test-unit test-cluster lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-sim bench-forecast bench-cluster clean
+.PHONY: setup binaries peers node-binaries images cluster-up-real shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
+        bench-server bench-engine bench-http bench-sim bench-frontier bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -48,6 +48,11 @@ test:
 test-unit: setup
 	$(PY) -m pytest -m "not cluster" tests
 
+# lm-eval's extra is not in `make setup` (pyproject.toml says why): installed here, on demand.
+test-lmeval: setup
+	$(PY) -m pip install -q -e ".[lmeval]"
+	$(PY) -m pytest tests/server/test_lm_eval.py
+
 test-cluster: setup binaries
 	bash scripts/netns.sh --rm preheat-test-cluster $(PY) -m pytest -m cluster tests
 
@@ -76,10 +81,14 @@ bench-http: setup
 	$(PY) model-server/bench/bench_http.py --out bench-results/http.json
 
 bench-sim: setup
-	$(PY) -m preheat.sim.bench --out bench-results/simulate.json
+	$(PY) -m preheat_lab.bench_sim --out bench-results/simulate.json
+
+# The cost-SLO frontier (README table, bench-results/frontier*): long, nice it on a shared machine.
+bench-frontier: setup
+	$(PY) -m preheat_lab.bench_frontier --out-dir bench-results
 
 bench-forecast: setup
-	$(PY) -m preheat.scaling.forecast.bench --out bench-results/forecast.json
+	$(PY) -m preheat_lab.bench_forecast --out bench-results/forecast.json
 
 # The CRD is generated from the pydantic spec; the chart carries a copy (a test keeps them equal).
 crd: setup

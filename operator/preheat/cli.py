@@ -13,7 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("preheat.sim.cli", "replay a trace through Preheat and the baseline autoscalers"),
     "frontier": ("preheat.sim.frontier", "sweep every autoscaler's target utilization: cost to reach each SLO"),
-    "plan": ("preheat.plan", "capacity planner: memory by precision, replicas, cost per token"),
+    "plan": ("preheat.capacity", "capacity planner: memory by precision, replicas, cost per token"),
     "operator": ("preheat.controller.cli", "run the Kopf operator"),
     "crd": ("preheat.controller.crd", "print the InferenceEndpoint CRD generated from the spec models"),
 }

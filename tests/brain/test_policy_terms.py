@@ -1,4 +1,4 @@
-"""Unit tests of each policy term: lead time, reactive/forecast needs, panic, stabilisation, warm
+"""Unit tests of each policy term: lead time, reactive/forecast needs, panic, stabilization, warm
 pool, scale to zero, hold, no double counting of starting pods, configuration errors."""
 
 from __future__ import annotations
@@ -89,14 +89,14 @@ def test_margin_in_serving_uses_the_upper_forecast() -> None:
     assert d.serving == 15 and d.warm == 0
 
 
-def test_scale_down_waits_for_the_stabilisation_window_then_respects_max_rate() -> None:
+def test_scale_down_waits_for_the_stabilization_window_then_respects_max_rate() -> None:
     cfg = BASE.with_(scale_down_stabilization_s=300.0, max_scale_down_rate=2.0)
     values = [200.0] * 4 + [10.0] * 40  # 20 replicas, then traffic for 1
     decisions, _ = steps(cfg, values, current=20)
     after_drop = decisions[4:]
     # held at 20 for the whole window (the 200-signal recommendation is < 300 s old)
     held = [d for d in after_drop if d.time_s - 45.0 < 300.0]
-    assert all(d.serving == 20 and d.reason == Reason.STABILISATION for d in held)
+    assert all(d.serving == 20 and d.reason == Reason.STABILIZATION for d in held)
     # then scale down, at most halving per decision (floor, as Knative): 20 -> 10 -> 5 -> 2 -> 1
     later = [d.serving for d in after_drop if d.time_s - 45.0 >= 300.0]
     assert later[:5] == [10, 5, 2, 1, 1]
@@ -138,7 +138,7 @@ def test_missing_or_stale_data_holds_and_never_scales_down() -> None:
 
 
 
-def test_a_data_gap_does_not_age_the_stabilisation_window() -> None:
+def test_a_data_gap_does_not_age_the_stabilization_window() -> None:
     """After a metrics outage the fleet keeps its size for a full window of fresh, lower data."""
     cfg = BASE.with_(scale_down_stabilization_s=300.0, max_scale_down_rate=2.0)
     _, state = steps(cfg, [200.0] * 4, current=20)  # t = 0..45: 20 replicas
@@ -153,7 +153,7 @@ def test_a_data_gap_does_not_age_the_stabilisation_window() -> None:
         d, state = decide(cfg, state, obs(resumed + 15 * k, 10.0, d.serving))
         fresh.append(d)
     held = [d for d in fresh if d.time_s - resumed < 300.0 - 15.0]
-    assert held and all(d.serving == 20 and d.reason == Reason.STABILISATION for d in held), [
+    assert held and all(d.serving == 20 and d.reason == Reason.STABILIZATION for d in held), [
         (d.time_s, d.serving, d.detail) for d in held]
     # then the normal scale-down: halving per decision, down to what the signal needs
     assert [d.serving for d in fresh[len(held):]][:5] == [10, 5, 2, 1, 1]
@@ -206,7 +206,7 @@ def test_freed_serving_replicas_stay_warm_during_the_window() -> None:
     cfg = BASE.with_(warm_pool_min=0, warm_pool_max=4, scale_down_stabilization_s=60.0, max_scale_down_rate=10.0)
     decisions, _ = steps(cfg, [100.0] * 2 + [50.0] * 12, current=10)
     first_down = next(d for d in decisions if d.serving < 10)
-    assert first_down.serving == 5 and first_down.warm == 4  # 10 stabilised total, warm capped at 4
+    assert first_down.serving == 5 and first_down.warm == 4  # 10 stabilized total, warm capped at 4
     assert decisions[-1].warm == 0  # and released once the window passes
 
 
@@ -307,7 +307,7 @@ def test_broken_queue_counts_are_read_as_zero(bad) -> None:
     assert not d.panic and d.serving == 2
 
 
-# Burst envelope: no stabilisation window, so what holds the warm pool is the envelope alone.
+# Burst envelope: no stabilization window, so what holds the warm pool is the envelope alone.
 BURSTY = SLOTS.with_(burst_memory_s=120.0, scale_down_stabilization_s=0.0, warm_pool_max=8)
 
 

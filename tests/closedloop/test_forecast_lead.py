@@ -1,4 +1,4 @@
-"""The closed loop's forecast, offline: the operator's own brain, built from the experiment's endpoint spec,
+"""The closed loop's forecast, offline: the operator's own autoscaler, built from the experiment's endpoint spec,
 fed the history the experiment writes into Prometheus and then the replay's load as Prometheus reports it.
 
 This is the design check behind the cluster test (tests/closedloop/test_closed_loop.py): on the
@@ -16,10 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from preheat.controller.brain import Brain, TimeScaledForecaster, make_brain_forecaster, policy_config
-from preheat.controller.observe import duration_s
-from preheat.controller.spec import parse_spec
+from preheat.controller.spec import duration_s, parse_spec
+from preheat.scaling.autoscaler import Autoscaler
 from preheat.scaling.forecast import make_forecaster
+from preheat.scaling.from_spec import (
+    TimeScaledForecaster,
+    autoscaler_from_spec,
+    forecast_ready,
+    forecaster_from_spec,
+    policy_config,
+    seed,
+)
 from preheat.scaling.policy import Observation, Reason
 from preheat_lab.closedloop import endpoint_manifest
 from preheat_lab.closedloop import metrics as M
@@ -39,12 +46,12 @@ def _windowed(t: np.ndarray, cum: np.ndarray, at: float, window: float) -> float
     return float(hi - lo) / window
 
 
-def run_offline(reactive_only: bool) -> tuple[list[tuple[float, int, str]], np.ndarray, np.ndarray, Brain]:
+def run_offline(reactive_only: bool) -> tuple[list[tuple[float, int, str]], np.ndarray, np.ndarray, Autoscaler]:
     wl = load_workload(DATA / "servegen_m-small_days1-2.csv", start_s=86400 + SLICE_START_IN_DAY_S)
     cfg = LoopConfig(kubeconfig=Path("/dev/null"), prometheus_url="http://x", out_dir=Path("/tmp"))
     spec = parse_spec(endpoint_manifest(cfg, "preheat")["spec"])
     config = policy_config(spec, reactive_only=reactive_only)
-    brain = Brain(config, spec)
+    autoscaler = autoscaler_from_spec(spec, config)
     window = duration_s(spec.prometheus.window)
     panic = duration_s(spec.prometheus.panic_window)
 
@@ -59,21 +66,21 @@ def run_offline(reactive_only: bool) -> tuple[list[tuple[float, int, str]], np.n
     step = config.decision_interval_s
     span = 2 * 86400 / spec.scaling.forecasting.time_compression
     samples = [(w, _windowed(t, cum, w, window)) for w in np.arange(t0 - span, t0, step) if w - window >= t[0]]
-    brain.seed(samples)
-    assert brain.forecast_ready, "two days of history should make the seasonal model ready"
+    seed(autoscaler, samples)
+    assert forecast_ready(autoscaler), "two days of history should make the seasonal model ready"
 
     orders, serving = [], 2
     for w in np.arange(t0, t0 + wl.arrivals[-1].t_s, step):
         obs = Observation(time_s=float(w), value=_windowed(t, cum, w, window),
                           value_panic=_windowed(t, cum, w, panic), serving_ready=serving,
                           warm_ready=config.warm_pool_min, current_serving=serving, cold_start_samples_s=(COLD_S,))
-        d = brain.step(obs)
+        d = autoscaler.step(obs)
         if d.serving > serving:
             orders.append((float(w - t0), d.serving, str(d.reason)))
         serving = d.serving
     off_t, off_r = offered_rate(wl.arrivals, 1.0)
     need_t, need = M.need_series(off_t, off_r, cfg.target_per_replica)
-    return orders, need_t, need, brain
+    return orders, need_t, need, autoscaler
 
 
 def _ramp_level(need_t: np.ndarray, need: np.ndarray) -> tuple[int, float]:
@@ -90,8 +97,8 @@ def _first_order(orders, k):
 
 
 def test_the_seasonal_forecaster_on_the_load_clock_orders_the_ramp_a_cold_start_ahead():
-    orders, need_t, need, brain = run_offline(reactive_only=False)
-    assert isinstance(brain.forecaster, TimeScaledForecaster) and brain.forecaster.scale == COMPRESS
+    orders, need_t, need, autoscaler = run_offline(reactive_only=False)
+    assert isinstance(autoscaler.forecaster, TimeScaledForecaster) and autoscaler.forecaster.scale == COMPRESS
     level, t_need = _ramp_level(need_t, need)
     t_order, reason = _first_order(orders, level)
     assert t_order is not None, orders
@@ -129,10 +136,10 @@ def test_time_scaled_forecaster_sees_the_series_it_would_see_in_real_time():
 def test_spec_time_compression_builds_the_forecaster_on_the_load_clock():
     spec = parse_spec({"model": {"builtin": "tiny"},
                        "scaling": {"forecasting": {"forecaster": "holt-winters", "timeCompression": 240}}})
-    f = make_brain_forecaster(spec, 3.0)
+    f = forecaster_from_spec(spec, 3.0)
     assert isinstance(f, TimeScaledForecaster)
     inner = f.inner.base  # QuantileForecaster around Holt-Winters
     # 3 s wall = 12 min of load time; the daily season keeps its 48 half-hour knots
     assert inner.daily.knots == 48 and inner.daily.period_s == 86400.0
-    plain = make_brain_forecaster(parse_spec({"model": {"builtin": "tiny"}}), 3.0)
+    plain = forecaster_from_spec(parse_spec({"model": {"builtin": "tiny"}}), 3.0)
     assert not isinstance(plain, TimeScaledForecaster)

@@ -152,7 +152,7 @@ def test_analysis_and_plot_of_a_recorded_run(tmp_path):
         pods.append(pod("w", "serving" if t >= 10 else "warm", True, created=-30, ready_since=-15))
         if t >= 6:
             pods.append(pod("n", "warm", t >= 14, created=6, ready_since=14 if t >= 14 else None))
-        samples.append(Sample(float(t), tuple(pods), {"observedRate": 2.0 if t < 10 else 4.0, "forecastRate": 4.0,
+        samples.append(Sample(float(t), tuple(pods), {"observedSignal": 2.0 if t < 10 else 4.0, "forecastSignal": 4.0,
                                                       "conditions": [{"type": "MetricsAvailable", "status": "True"}]}))
     r = analyse(cfg, records, samples, arrivals, 20.0, 0.0)
     assert r["promotions"] == 1 and r["cold_starts_hidden"] == 1
@@ -174,7 +174,7 @@ def test_serving_orders_from_events_and_decisions_with_their_reason():
         {"t_s": 41.0, "reason": "Reconciled", "message": "updated Deployment"},
     ]
     decs = [{"t_s": 39.5, "servingFrom": 3, "servingTo": 4, "reason": "reactive"},
-            {"t_s": 60.0, "servingFrom": 4, "servingTo": 3, "reason": "stabilisation"}]
+            {"t_s": 60.0, "servingFrom": 4, "servingTo": 3, "reason": "stabilization"}]
     orders = M.serving_orders(events, decs)
     assert [(o["t_s"], o["serving_to"], o["reason"]) for o in orders] == [
         (5.0, 3, "forecast"), (6.0, 3, "forecast"), (39.5, 4, "reactive"), (40.0, 4, "reactive")]

@@ -23,7 +23,7 @@ def test_readme_crd_reference_matches_the_crd():
 def test_readme_lists_every_field_of_the_spec():
     rendered = _crd_reference().render()
     for field in ("spec.scaling.warmPool.min", "spec.scaling.mode", "spec.model.precision",
-                  "status.coldStartSeconds", "status.forecastRate"):
+                  "status.coldStartSeconds", "status.forecastSignal"):
         assert f"`{field}`" in rendered
 
 

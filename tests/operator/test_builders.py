@@ -145,3 +145,37 @@ def test_builtin_and_path_models_have_no_init_container():
         assert "initContainers" not in pod["spec"]
         env = pod["spec"]["containers"][0]["env"]
         assert all(e["name"] != "PREHEAT_FETCH_RECORD" for e in env)
+
+
+def _env(spec) -> dict[str, dict]:
+    c = b.deployment("chat", "team", spec, OWNER, version="9.9")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e for e in c["env"]}
+
+
+def test_api_key_secret_becomes_the_servers_key_env_from_the_secret():
+    spec = _spec(server={"apiKeySecret": {"name": "chat-api", "key": "token"}, "env": {"LOG_LEVEL": "debug"}})
+    env = _env(spec)
+    assert env["PREHEAT_API_KEY"] == {
+        "name": "PREHEAT_API_KEY", "valueFrom": {"secretKeyRef": {"name": "chat-api", "key": "token"}}}
+    assert env["LOG_LEVEL"] == {"name": "LOG_LEVEL", "value": "debug"}  # server.env still applies
+    # The key reaches the server only through the kubelet: never as a flag in the Deployment.
+    args = b.server_args("chat", spec)
+    assert "--api-key" not in args and "token" not in args
+
+
+def test_no_api_key_secret_no_key_env():
+    assert "PREHEAT_API_KEY" not in _env(_spec())
+
+
+def test_probes_and_metrics_scrape_use_paths_the_server_leaves_open_with_a_key():
+    # With server.apiKeySecret the probes and Prometheus carry no key: their paths must be the server's
+    # open ones (preheat_server.http.app), or every pod would go unready and unscraped.
+    from preheat_server.http.app import OPEN_PATHS, OPEN_PREFIXES
+
+    spec = _spec(server={"apiKeySecret": {"name": "chat-api", "key": "token"}})
+    pod = b.deployment("chat", "team", spec, OWNER, version="9.9")["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    paths = [c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"],
+             pod["metadata"]["annotations"]["prometheus.io/path"]]
+    for path in paths:
+        assert path in OPEN_PATHS or path.startswith(OPEN_PREFIXES), path

@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from preheat.controller import kube
 from preheat.controller.cli import JsonFormatter, parse_args
-from preheat.controller.loop import retry_conflict
+from preheat.controller.scale import retry_conflict
 
 
 def test_cli_flags():

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 from preheat.controller import actuation
-from preheat.controller.brain import Brain, policy_config
-from preheat.controller.loop import observation, planned_cold_start_s
 from preheat.controller.observe import MetricsResult
 from preheat.controller.spec import parse_spec
+from preheat.controller.step import observation, planned_cold_start_s
+from preheat.scaling.from_spec import autoscaler_from_spec, policy_config
 from preheat.scaling.policy import lead_time_s
 from preheat.sim.baselines import SimContext
 from preheat.sim.fleet import ReplicaPool
@@ -42,8 +42,8 @@ def _sim_policy(cold_s: float):
 
 def test_operator_step_and_simulator_decide_identically_on_the_same_observations():
     policy, cold = _sim_policy(45.0)
-    brain = Brain(policy_config(SPEC), SPEC)
-    assert policy.config == brain.config  # one spec -> one configuration, no second defaults table
+    autoscaler = autoscaler_from_spec(SPEC, policy_config(SPEC))
+    assert policy.config == autoscaler.config  # one spec -> one configuration, no second defaults table
     pool = ReplicaPool(cold.sampler(0), promotion_s=5.0)
     pool.seed(0.0, 2, 1)
     rng = np.random.default_rng(3)
@@ -57,14 +57,14 @@ def test_operator_step_and_simulator_decide_identically_on_the_same_observations
         sim_obs = _gauges(now, pool, 0.0, None, value=value, value_panic=panic)
         counts = actuation.PodCounts(serving_ready=pool.observed_serving, warm_ready=pool.warm_ready,
                                      starting=pool.starting, failing=0, serving_labelled=pool.observed_serving)
-        op_obs = observation(now, counts, samples, MetricsResult(True, "ok", "", value=value, value_panic=panic, queue=0.0))
+        op_obs = observation(now, counts, samples, MetricsResult(True, "ok", "", signal=value, signal_panic=panic, queue=0.0))
         assert op_obs == sim_obs
-        d_op, d_sim = brain.step(op_obs), policy.decide(sim_obs)
+        d_op, d_sim = autoscaler.step(op_obs), policy.decide(sim_obs)
         assert d_op == d_sim, (k, d_op.detail, d_sim.detail)
         decisions += d_op.total != pool.current_serving + pool.warm_ready
         pool.apply(now, d_sim.serving, d_sim.warm)
     assert decisions > 5  # the run scaled (the comparison covered changes, not a flat line)
-    assert brain.autoscaler.state == policy.autoscaler.state
+    assert autoscaler.state == policy.autoscaler.state
 
 
 def test_cold_start_in_status_is_the_one_the_lead_time_plans_with():

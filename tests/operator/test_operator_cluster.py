@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -63,7 +64,7 @@ def test_tiny_cpu_sample_end_to_end(operator_factory, cluster_view, namespace, c
         return (lines[0].split(), row) if row[:3] == [name, "1", "1"] and row[6:7] == ["True"] else None
 
     header, row = wait_for(columns, 60, "printer columns: 1 serving, 1 warm, Ready", op)
-    assert header == ["NAME", "SERVING", "WARM", "DESIRED", "RATE", "FORECAST", "READY", "AGE"]
+    assert header == ["NAME", "SERVING", "WARM", "DESIRED", "SIGNAL", "FORECAST", "READY", "AGE"]
     assert row[0] == name and row[1] == "1" and row[2] == "1" and row[6] == "True"
     resources = kubectl(crd_installed, "api-resources", "--api-group=preheat.dev").stdout.splitlines()[1].split()
     assert resources[1].split(",") == ["ie", "iep"]
@@ -245,3 +246,59 @@ def test_preview_mode_reports_but_leaves_replicas_alone(operator_factory, cluste
     scaling = cv.condition(name, "Scaling")
     assert scaling["status"] == "False" and scaling["reason"] == "PreviewMode"
     assert cv.status(name)["lastDecision"]["applied"] is False
+
+
+def _with_api_key(name: str, server: dict) -> dict:
+    body = yaml.safe_load((SAMPLES / "tiny-cpu.yaml").read_text())
+    body["metadata"]["name"] = name
+    body["spec"]["server"].update(server)
+    body["spec"]["scaling"].update(warmPool={"min": 0, "max": 0}, maxReplicas=1)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("server", "message"),
+    [
+        ({"apiKeySecret": {"name": "Chat_Key", "key": "token"}}, "server.apiKeySecret.name must be a Secret name"),
+        ({"apiKeySecret": {"name": "chat-key", "key": "a/b"}}, "server.apiKeySecret.key must be a Secret key"),
+        ({"apiKeySecret": {"name": "chat-key", "key": "token"}, "env": {"PREHEAT_API_KEY": "x"}},
+         "server.env sets PREHEAT_API_KEY and server.apiKeySecret sets it too"),
+    ],
+)
+def test_bad_api_key_secret_rejected_by_api_server(cluster_view, namespace, crd_installed, server, message):
+    from kubernetes.client.rest import ApiException
+
+    with pytest.raises(ApiException) as err:
+        cluster_view.create(_with_api_key("bad-key", server))
+    assert err.value.status == 422 and message in err.value.body, err.value.body
+
+
+def test_api_key_from_a_secret_guards_the_api_but_not_probes_or_metrics(operator_factory, cluster_view, namespace,
+                                                                       crd_installed):
+    cv = cluster_view
+    key = "k19-" + os.urandom(8).hex()
+    cv.core.create_namespaced_secret(namespace, {"metadata": {"name": "chat-key"}, "stringData": {"token": key}})
+    op = operator_factory("--interval", "3")
+    name = "keyed"
+    cv.create(_with_api_key(name, {"apiKeySecret": {"name": "chat-key", "key": "token"}}))
+
+    # The readiness probe carries no key: the pod becomes Ready only because /health/ready stays open.
+    def ready_pod():
+        serving, _ = ready_by_role(cv.live_pods(name))
+        return serving[0] if serving else None
+
+    pod = wait_for(ready_pod, 240, "a Ready serving pod of the keyed endpoint", op)
+    base = f"http://{pod['status']['podIP']}:8000"
+
+    def get(path: str, token: str | None = None) -> int:
+        req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert get("/v1/models") == 401
+    assert get("/v1/models", "wrong") == 401
+    assert get("/v1/models", key) == 200
+    assert get("/metrics") == 200 and get("/health/live") == 200

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 from preheat.controller import status as st
-from preheat.controller.brain import policy_config
-from preheat.controller.observe import PrometheusSource, duration_s, signal_queries
-from preheat.controller.spec import parse_spec
+from preheat.controller.observe import PrometheusSource, signal_queries
+from preheat.controller.spec import duration_s, parse_spec
+from preheat.scaling.from_spec import policy_config
 from preheat.scaling.policy import PolicyConfig
 
 

@@ -20,10 +20,6 @@ from .tools import REPO
 
 LAB_PACKAGES = ("preheat_cluster", "preheat_lab")
 LAB_SCRIPTS = {"preheat-cluster", "preheat-node-agent"}
-# Lab code that still lives in the product package: the simulator's and the forecasters' benchmarks
-# (`bench*.py` in sim/ and forecast/) move to the lab with the policy work there (issue 16). Only
-# those are let through; lab code anywhere else fails the test.
-PENDING_BENCHMARK_DIRS = ("preheat/sim/", "preheat/scaling/forecast/")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
 
 
@@ -71,8 +67,7 @@ def test_product_wheel_holds_the_product_and_no_lab_code(wheels):
     tops = {m.split("/")[0] for m in modules}
     assert tops == {"preheat", "preheat_server"}, tops
     assert {"preheat/controller/handlers.py", "preheat/sim/run.py", "preheat_server/server.py"} <= modules
-    pending = {m for m in modules if m.startswith(PENDING_BENCHMARK_DIRS) and Path(m).name.startswith("bench")}
-    lab_code = {m for m in modules if _is_lab_code(m)} - pending
+    lab_code = {m for m in modules if _is_lab_code(m)}
     assert not lab_code, f"lab code in the product wheel: {sorted(lab_code)}"
 
 
@@ -87,6 +82,7 @@ def test_lab_wheel_holds_the_cluster_closed_loop_load_generator_and_benchmarks(w
     assert {m.split("/")[0] for m in modules} == set(LAB_PACKAGES)
     for module in ("preheat_cluster/launcher.py", "preheat_cluster/node_agent.py",
                    "preheat_lab/closedloop/experiment.py", "preheat_lab/loadgen/replay.py",
-                   "preheat_lab/bench_scale.py", "preheat_lab/bench_cluster.py"):
+                   "preheat_lab/bench_scale.py", "preheat_lab/bench_cluster.py", "preheat_lab/bench_sim.py",
+                   "preheat_lab/bench_forecast.py"):
         assert module in modules, module
     assert _console_scripts(wheels["lab"]) == LAB_SCRIPTS

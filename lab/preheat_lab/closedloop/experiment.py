@@ -111,7 +111,6 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
                 "maxReplicas": cfg.max_replicas,
                 "signal": "requestsPerSecond",
                 "targetPerReplica": cfg.target_per_replica,
-                "latencySloMs": cfg.slo_ms,
                 "intervalSeconds": cfg.interval_s,
                 "scaleDownStabilizationSeconds": cfg.scale_down_stabilization_s,
                 "warmPool": {"min": cfg.warm_pool_min, "max": cfg.warm_pool_max},
@@ -362,8 +361,8 @@ async def _report(cfg: LoopConfig, mode: str, replayer: Replayer, sampler: Sampl
             return "-" if v is None else f"{float(v):.1f}"
 
         say(
-            f"[{mode}] t={w['t_s']:5.0f}s offered={w['offered_rps']:5.1f} rps  observed={num(st.get('observedRate'))}"
-            f"  forecast={num(st.get('forecastRate'))}  serving={s.serving_ready if s else '-'}"
+            f"[{mode}] t={w['t_s']:5.0f}s offered={w['offered_rps']:5.1f} rps  observed={num(st.get('observedSignal'))}"
+            f"  forecast={num(st.get('forecastSignal'))}  serving={s.serving_ready if s else '-'}"
             f" warm={s.warm_ready if s else '-'} starting={s.starting if s else '-'}"
             f"  p99={'-' if p99 is None else f'{p99 * 1000:.0f}ms'}  slo={'-' if slo is None else f'{slo:.0%}'}"
         )
@@ -435,15 +434,15 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
             c.get("type") == "MetricsAvailable" and c.get("status") == "True"
             for s in samples for c in (s.status.get("conditions") or [])
         ),
-        "observed_rate_max": max((float(s.status.get("observedRate") or 0) for s in samples), default=0.0),
+        "observed_rate_max": max((float(s.status.get("observedSignal") or 0) for s in samples), default=0.0),
         "series": {
             "offered_t": off_t.tolist(), "offered_rps": off_r.tolist(), "need": need.tolist(),
             "sample_t": [s.t_s for s in samples],
             "serving": [s.serving_ready for s in samples],
             "warm": [s.warm_ready for s in samples],
             "starting": [s.starting for s in samples],
-            "observed": [_f(s.status.get("observedRate")) for s in samples],
-            "forecast": [_f(s.status.get("forecastRate")) for s in samples],
+            "observed": [_f(s.status.get("observedSignal")) for s in samples],
+            "forecast": [_f(s.status.get("forecastSignal")) for s in samples],
             "violations_t": vt.tolist(), "violations": vc.tolist(),
         },
     }

@@ -1,7 +1,7 @@
 """The endpoint's past, in Prometheus: the trace before the replayed slice, as the pods would have recorded it.
 
 A production operator starts with days of an endpoint's request rate in Prometheus and rebuilds its
-forecaster from them (`preheat.controller.loop`: two seasons of `query_range`). A closed-loop run
+forecaster from them (`preheat.controller.collect.history`: two seasons of `query_range`). A closed-loop run
 creates its endpoint minutes before the replay, so Prometheus has no past for it. This module writes
 that past: the arrivals counter `preheat:requests_received_total{namespace, endpoint}` of the trace's
 preceding hours (the previous day, time-compressed and rate-scaled exactly like the replay), as a TSDB

@@ -2,7 +2,7 @@
 
 The plan is computed from the pods as they are (labels, readiness, container states), never from
 what the operator remembers, so a restart half-way through a scale-up recomputes the same plan and
-never promotes twice. `Autoscaling._apply` in loop.py does the I/O.
+never promotes twice. `scale.scale` does the I/O.
 
 Counting rules (the usual reactive-autoscaler failure modes, avoided):
 - only Ready pods are capacity; pods being deleted are nothing;
@@ -14,11 +14,13 @@ Counting rules (the usual reactive-autoscaler failure modes, avoided):
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from preheat.controller import warm_size
 from preheat.controller.builders import (
+    CONTAINER,
     COST_SERVING,
     COST_WARM,
     DELETION_COST,
@@ -62,6 +64,8 @@ class PodView:
     failing: bool
     failure: str
     deletion_cost: str | None
+    # The model server's cpu/memory as its spec asks now (a resize's target, whether or not applied yet).
+    resources: warm_size.Resources = field(default_factory=dict, hash=False)
 
     @property
     def cold_start_s(self) -> float | None:
@@ -120,6 +124,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         failing=failing,
         failure=failure,
         deletion_cost=annotations.get(DELETION_COST),
+        resources=warm_size.container_resources(pod, CONTAINER),
     )
 
 
@@ -160,6 +165,18 @@ class PodPatch:
 
 
 @dataclass(frozen=True)
+class PodResize:
+    """An in-place resize of one pod's model server (the pod `resize` subresource)."""
+
+    name: str
+    resources: warm_size.Resources
+    up: bool  # to the serving size (before the pod joins the Service) or down to the warm one (after it left)
+
+    def body(self) -> dict[str, Any]:
+        return {"spec": {"containers": [{"name": CONTAINER, "resources": self.resources}]}}
+
+
+@dataclass(frozen=True)
 class Plan:
     """What to change, in the order to change it: promotions, demotions, cost fixes, then replicas."""
 
@@ -168,10 +185,21 @@ class Plan:
     fix_cost: tuple[PodPatch, ...] = ()
     replicas: int | None = None  # None: leave the Deployment's replicas alone
     shortfall: int = 0  # serving replicas wanted but not yet available (no Ready warm pod to promote)
+    resize: tuple[PodResize, ...] = ()  # warmPool.resources: Ready pods not at their role's size
+
+    @property
+    def resize_up(self) -> tuple[PodResize, ...]:
+        """Before the relabels: a promoted pod serves at full size from its first request."""
+        return tuple(r for r in self.resize if r.up)
+
+    @property
+    def resize_down(self) -> tuple[PodResize, ...]:
+        """After the relabels: a demoted pod shrinks only once it is out of the Service."""
+        return tuple(r for r in self.resize if not r.up)
 
     @property
     def empty(self) -> bool:
-        return not (self.promote or self.demote or self.fix_cost or self.replicas is not None)
+        return not (self.promote or self.demote or self.fix_cost or self.resize or self.replicas is not None)
 
     def patches(self) -> list[PodPatch]:
         out = [PodPatch(n, ROLE_SERVING, COST_SERVING) for n in self.promote]
@@ -179,13 +207,15 @@ class Plan:
         return out + list(self.fix_cost)
 
 
-def plan(pods: list[PodView], serving: int, total: int, current_replicas: int | None) -> Plan:
+def plan(pods: list[PodView], serving: int, total: int, current_replicas: int | None,
+         sizes: tuple[warm_size.Resources, warm_size.Resources] | None = None) -> Plan:
     """Move the pods toward `serving` Ready serving pods and `total` Deployment replicas.
 
     Promotes the warm pods that have been Ready longest (most surely loaded) and demotes the
     youngest serving pods (the ones most recently added). Serving-labelled pods that are not Ready
     keep their label (they rejoin when Ready) but do not count, so a crash-looping pod never
-    holds capacity hostage.
+    holds capacity hostage. With `sizes` (serving, warm: `builders.pod_sizes`) every Ready pod is
+    resized in place to its role's size once it has it.
     """
     serving = max(0, serving)
     total = max(serving, total)
@@ -211,7 +241,23 @@ def plan(pods: list[PodView], serving: int, total: int, current_replicas: int | 
         and p.deletion_cost != (COST_SERVING if p.role == ROLE_SERVING else COST_WARM)
     )
     replicas = total if current_replicas != total else None
-    return Plan(tuple(promote), tuple(demote), fix, replicas, shortfall)
+    resize = _resizes(live, set(promote), set(demote), sizes) if sizes else ()
+    return Plan(tuple(promote), tuple(demote), fix, replicas, shortfall, resize)
+
+
+def _resizes(live: list[PodView], promote: set[str], demote: set[str],
+             sizes: tuple[warm_size.Resources, warm_size.Resources]) -> tuple[PodResize, ...]:
+    """Ready pods whose size is not their role's (after this plan's relabels). A pod still loading keeps
+    the serving size it was born with: its model loads at full speed."""
+    out = []
+    for p in live:
+        if not p.ready:
+            continue
+        serves = p.name in promote or (p.role == ROLE_SERVING and p.name not in demote)
+        want = sizes[0] if serves else sizes[1]
+        if not warm_size.same(p.resources, want):
+            out.append(PodResize(p.name, want, up=serves))
+    return tuple(out)
 
 
 def cold_start_samples(pods: list[PodView]) -> dict[str, float]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from preheat.controller.spec import FETCHED_MODEL_PATH, AcceleratorType, InferenceEndpointSpec
+from preheat.controller import warm_size
+from preheat.controller.spec import API_KEY_ENV, FETCHED_MODEL_PATH, AcceleratorType, InferenceEndpointSpec
 
 SERVER_IMAGE = "preheat/model-server"
 SERVER_IMAGE_CUDA = "preheat/model-server-cuda"
@@ -140,10 +141,30 @@ def _resources(spec: InferenceEndpointSpec) -> dict[str, Any]:
     return out
 
 
+def _api_key_env(spec: InferenceEndpointSpec) -> list[dict[str, Any]]:
+    """server.apiKeySecret as the server's $PREHEAT_API_KEY, read from the Secret by the kubelet: the key
+    never appears in the Deployment. The probes (/health/*) and Prometheus' /metrics scrape stay open."""
+    ref = spec.server.api_key_secret
+    if ref is None:
+        return []
+    return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def pod_sizes(spec: InferenceEndpointSpec) -> tuple[warm_size.Resources, warm_size.Resources] | None:
+    """(serving, warm) cpu/memory of the model-server container when the warm pool is resized in place
+    (scaling.warmPool.resources set), else None. Pods start at the serving size."""
+    warm = spec.scaling.warm_pool.resources
+    if warm is None:
+        return None
+    serving = warm_size.as_resources(spec.resources)
+    return warm_size.defaulted(serving), warm_size.overlay(serving, warm_size.as_resources(warm))
+
+
 def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None = None) -> dict[str, Any]:
     port = spec.server.port
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     env += [{"name": k, "value": v} for k, v in sorted(spec.server.env.items())]
+    env += _api_key_env(spec)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": server_image(spec, version),
@@ -173,6 +194,9 @@ def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None
     resources = _resources(spec)
     if resources:
         container["resources"] = resources
+    if spec.scaling.warm_pool.resources is not None:
+        # The warm pool's in-place resize must never restart the server (it would reload the model).
+        container["resizePolicy"] = [{"resourceName": n, "restartPolicy": "NotRequired"} for n in warm_size.RESIZABLE]
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": PRESTOP_SECONDS + spec.server.drain_timeout_seconds + 5,

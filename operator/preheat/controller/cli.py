@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     import kopf
 
     from preheat.controller import handlers, kube, metrics  # noqa: F401 - handlers register on import
-    from preheat.controller.loop import Autoscaling, Options
+    from preheat.controller.loop import Controller, Options
 
     creds = kube.configure(args.kubeconfig)
     # The kubernetes client builds its API classes on first use (seconds of pydantic work): do it now,
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics.serve(args.metrics_port, args.metrics_addr)
     memo = kopf.Memo(
         credentials=creds,
-        autoscaling=Autoscaling(Options(args.prometheus_url, args.reactive_only, args.interval, identity)),
+        controller=Controller(Options(args.prometheus_url, args.reactive_only, args.interval, identity)),
         peering_priority=args.priority,
         peering_lifetime=args.peering_lifetime,
         identity=identity,

@@ -37,10 +37,6 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if not isinstance(node, dict):
         return node
     node = dict(node)
-    if "$ref" in node:
-        target = copy.deepcopy(defs[node.pop("$ref").rsplit("/", 1)[-1]])
-        target.update(node)  # sibling keys (description, default) override the definition's
-        node = target
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         types = sorted(o.get("type", "") for o in options)
@@ -52,6 +48,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             node = merged
         else:  # pragma: no cover - the spec models never produce this
             raise ValueError(f"cannot express anyOf {options} in a structural schema")
+    # After anyOf: an optional sub-object (`X | None`) is an anyOf whose one non-null option is a $ref.
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").rsplit("/", 1)[-1]])
+        target.update(node)  # sibling keys (description, default) override the definition's
+        node = target
     if node.get("x-kubernetes-int-or-string"):
         node.pop("type", None)
     if "default" in node and node["default"] is None:
@@ -95,13 +96,20 @@ def status_schema() -> dict[str, Any]:
             "observedGeneration": integer,
             "servingReplicas": integer,
             "warmReplicas": integer,
+            "warmCostFraction": {**number, "description": "a warm replica's cost relative to a serving one "
+                                 "(warmPool.costFraction, or from warmPool.resources)"},
+            "replicaCost": {**number, "description": "servingReplicas + warmReplicas x warmCostFraction"},
             "desiredReplicas": integer,
             "readyReplicas": integer,
             "startingReplicas": integer,
             "failingReplicas": integer,
-            "observedRate": number,
-            "forecastRate": number,
-            "forecastUpper": number,
+            "observedSignal": {**number, "description": "the scaling signal now (scaling.signal's unit)"},
+            "forecastSignal": {**number, "description": "the signal forecast at now + lead time"},
+            "forecastSignalUpper": {**number, "description": "its upper quantile (the forecast's safety margin)"},
+            # v1alpha1's names of the three above, still written for one version.
+            "observedRate": {**number, "description": "deprecated: observedSignal (goes in the next version)"},
+            "forecastRate": {**number, "description": "deprecated: forecastSignal (goes in the next version)"},
+            "forecastUpper": {**number, "description": "deprecated: forecastSignalUpper (goes in the next version)"},
             "leadTimeSeconds": number,
             "coldStartSeconds": number,
             "selector": string,
@@ -130,11 +138,11 @@ PRINTER_COLUMNS = [
     {"name": "Serving", "type": "integer", "jsonPath": ".status.servingReplicas"},
     {"name": "Warm", "type": "integer", "jsonPath": ".status.warmReplicas"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
-    {"name": "Rate", "type": "number", "jsonPath": ".status.observedRate", "description": "signal now"},
+    {"name": "Signal", "type": "number", "jsonPath": ".status.observedSignal", "description": "signal now"},
     {
         "name": "Forecast",
         "type": "number",
-        "jsonPath": ".status.forecastRate",
+        "jsonPath": ".status.forecastSignal",
         "description": "signal forecast at now + lead time",
     },
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},

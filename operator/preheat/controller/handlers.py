@@ -3,7 +3,7 @@
 - create/update/resume -> `reconcile`: build Deployment/Service/PDB, create what is missing and bring
   what drifted back to the built form (idempotent; a template change rolls the Deployment, nothing
   else does).
-- one daemon per endpoint -> `autoscale`: runs `loop.Autoscaling.step` every interval in a worker
+- one daemon per endpoint -> `autoscale`: runs `loop.Controller.step` every interval in a worker
   thread and posts the Events it returns.
 Both parse the spec once per event or step, in `_parsed`, the one path that writes the InvalidSpec
 status; what they call gets the parsed spec. Importing this module registers the handlers on Kopf's
@@ -26,8 +26,17 @@ from kubernetes.client.exceptions import ApiException
 from preheat.controller import builders, metrics
 from preheat.controller import status as st
 from preheat.controller.kube import shared_api
-from preheat.controller.loop import Autoscaling, retry_conflict
-from preheat.controller.spec import GROUP, PLURAL, VERSION, InferenceEndpointSpec, describe_error, parse_spec
+from preheat.controller.loop import Controller
+from preheat.controller.scale import retry_conflict
+from preheat.controller.spec import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    InferenceEndpointSpec,
+    deprecated_fields,
+    describe_error,
+    parse_spec,
+)
 
 log = logging.getLogger("preheat.handlers")
 
@@ -218,12 +227,15 @@ async def reconcile(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
             metrics.reconciles.labels("error").inc()
             raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
     metrics.reconciles.labels("success").inc()
+    for message in deprecated_fields(plain.get("spec")):  # once per create/update/resume of the spec
+        kopf.warn(body, reason="DeprecatedField", message=message)
+        logger.warning(message)
     for action in actions:
         kopf.info(body, reason="Reconciled", message=action)
         logger.info(action)
 
 
-async def _autoscale_step(loop: Autoscaling, body: kopf.Body, logger: logging.Logger) -> float:
+async def _autoscale_step(loop: Controller, body: kopf.Body, logger: logging.Logger) -> float:
     """One step of the endpoint's loop (counted and timed); returns the seconds until the next."""
     plain = _plain(body)
     try:
@@ -247,7 +259,7 @@ async def _autoscale_step(loop: Autoscaling, body: kopf.Body, logger: logging.Lo
 async def autoscale(body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo,
                     logger: logging.Logger, **_: Any) -> None:
     """The autoscaling loop of one endpoint. Errors back off and retry; they never end the loop."""
-    loop: Autoscaling = memo["autoscaling"]
+    loop: Controller = memo["controller"]
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     errors = 0
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +39,6 @@ def default_queries(namespace: str, endpoint: str, window: str, panic_window: st
         "queue": f"sum(vllm:num_requests_waiting{{{s}}})",
         # Sequences in the running batches: with the queue, the policy's instant burst signal.
         "running": f"sum(vllm:num_requests_running{{{s}}})",
-        "latency": "histogram_quantile(0.9, sum by (le) "
-        f"(rate(vllm:e2e_request_latency_seconds_bucket{{{s}}}[{window}])))",
         # Targets scraped for this endpoint: tells "no traffic" (targets up, rate 0) from "no data".
         "targets": f"count(up{{{s}}} == 1)",
     }
@@ -52,7 +49,7 @@ def substitute(query: str, namespace: str, endpoint: str) -> str:
 
 
 def signal_queries(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -> dict[str, str]:
-    """The queries the loop runs: `signal`, `signal_panic`, `queue`, `latency`, `targets`.
+    """The queries the loop runs: `signal`, `signal_panic`, `queue`, `running`, `targets`.
 
     User overrides replace the stable-window signal query (and the panic one, since a user's query
     has no window we could shorten).
@@ -67,9 +64,7 @@ def signal_queries(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -
     if override:
         signal = panic = substitute(override, namespace, endpoint)
     queue = substitute(p.queries.queue, namespace, endpoint) if p.queries.queue else q["queue"]
-    latency = substitute(p.queries.latency, namespace, endpoint) if p.queries.latency else q["latency"]
-    return {"signal": signal, "signal_panic": panic, "queue": queue, "running": q["running"], "latency": latency,
-            "targets": q["targets"]}
+    return {"signal": signal, "signal_panic": panic, "queue": queue, "running": q["running"], "targets": q["targets"]}
 
 
 def history_query(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -> str:
@@ -81,11 +76,10 @@ class MetricsResult:
     available: bool
     reason: str
     message: str
-    value: float | None = None
-    value_panic: float | None = None
+    signal: float | None = None
+    signal_panic: float | None = None
     queue: float | None = None
     running: float | None = None
-    latency_p90_s: float | None = None
     targets: int = 0
 
 
@@ -98,16 +92,6 @@ def _scalar(result: Any) -> float | None:
     except (KeyError, IndexError, TypeError, ValueError):
         return None
     return value if math.isfinite(value) else None
-
-
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
-
-
-def duration_s(text: str) -> float:
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"not a Prometheus duration: {text!r}")
-    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
 class PrometheusSource:
@@ -135,7 +119,6 @@ class PrometheusSource:
             panic = _scalar(self._query(queries["signal_panic"]))
             queue = _scalar(self._query(queries["queue"]))
             running = _scalar(self._query(queries["running"])) if "running" in queries else None
-            latency = _scalar(self._query(queries["latency"]))
         except Exception as exc:  # connection refused, timeout, bad PromQL: all mean "no data"
             return MetricsResult(False, "PrometheusUnreachable", f"{self.url}: {type(exc).__name__}: {exc}"[:500])
         if not targets:
@@ -149,11 +132,10 @@ class PrometheusSource:
             True,
             "MetricsFound",
             f"{int(targets)} target(s) scraped",
-            value=value if value is not None else 0.0,
-            value_panic=panic if panic is not None else (value if value is not None else 0.0),
+            signal=value if value is not None else 0.0,
+            signal_panic=panic if panic is not None else (value if value is not None else 0.0),
             queue=queue,
             running=running,
-            latency_p90_s=latency,
             targets=int(targets),
         )
 

@@ -8,11 +8,15 @@ spec it cannot explain) and as a CEL rule in the CRD (the API server rejects it 
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from preheat.controller import warm_size
+from preheat.controller.warm_size import MEMORY_COST_PER_GIB
 
 GROUP = "preheat.dev"
 VERSION = "v1alpha1"
@@ -215,12 +219,58 @@ class ResourcesSpec(_Model):
     limits: dict[str, Quantity] = Field(default_factory=dict)
 
 
+# A Secret's name is a DNS subdomain; a key in it, letters, digits, '-', '_' and '.' (Kubernetes' own
+# rules). `[.]`, not an escaped dot: the same pattern goes into CEL string literals unchanged.
+SECRET_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+API_KEY_ENV = "PREHEAT_API_KEY"  # what preheat-server reads when --api-key is not given
+
+
+class SecretKeyRef(_Model):
+    """One key of a Secret in the endpoint's namespace (a container env var's secretKeyRef)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(f"self.name.matches('{SECRET_NAME}')",
+                     "server.apiKeySecret.name must be a Secret name: lowercase letters, digits, '-', '.'"),
+                _cel(f"self.key.matches('{SECRET_KEY}')",
+                     "server.apiKeySecret.key must be a Secret key: letters, digits, '-', '_', '.'"),
+            ]
+        }
+    )
+
+    name: str = Field(max_length=253, description="The Secret's name (in the endpoint's namespace).")
+    key: str = Field(max_length=253, description="The key in the Secret whose value is the API key.")
+
+    @model_validator(mode="after")
+    def _names(self) -> SecretKeyRef:
+        if not re.match(SECRET_NAME, self.name):
+            raise ValueError(
+                "server.apiKeySecret.name must be a Secret name: lowercase letters, digits, '-', '.'"
+                f" (got {self.name!r})")
+        if not re.match(SECRET_KEY, self.key):
+            raise ValueError(
+                "server.apiKeySecret.key must be a Secret key: letters, digits, '-', '_', '.'"
+                f" (got {self.key!r})")
+        return self
+
+
 class ServerSpec(_Model):
     """Model-server knobs: each becomes the preheat-server flag of the same name.
 
     max_num_seqs and max_queue bound one replica's capacity by its own slots rather than by the
     node's CPU, which is what makes per-replica targets meaningful.
     """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(f"!has(self.apiKeySecret) || !has(self.env) || !('{API_KEY_ENV}' in self.env)",
+                     "server.env sets PREHEAT_API_KEY and server.apiKeySecret sets it too: keep one (the Secret)"),
+            ]
+        }
+    )
 
     image: str | None = Field(default=None, description="Default: preheat/model-server:<operator version>.")
     port: int = Field(default=8000, ge=1, le=65535)
@@ -235,6 +285,18 @@ class ServerSpec(_Model):
     )
     extra_args: list[str] = Field(default_factory=list, max_length=64)
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Require `Authorization: Bearer <key>` on the server's API, the key read from this Secret "
+        "(the container's PREHEAT_API_KEY). /health*, /metrics and /openapi.json stay open, so probes and "
+        "Prometheus need no key. Unset: no key.",
+    )
+
+    @model_validator(mode="after")
+    def _one_api_key(self) -> ServerSpec:
+        if self.api_key_secret is not None and API_KEY_ENV in self.env:
+            raise ValueError("server.env sets PREHEAT_API_KEY and server.apiKeySecret sets it too: keep one (the Secret)")
+        return self
 
 
 class Signal(StrEnum):
@@ -249,13 +311,28 @@ class Mode(StrEnum):
 
 
 class ForecastingSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!has(self.horizonSeconds) || !has(self.leadTimeSeconds)",
+                     "scaling.forecasting: set leadTimeSeconds, or its old spelling horizonSeconds, not both"),
+            ]
+        }
+    )
+
     enabled: bool = Field(default=True, description="false = reactive only (no pre-scaling).")
     seasonality_seconds: int | None = Field(
         default=None, ge=1,
         description="Period of the load's cycle in the load's clock (e.g. 86400); default: one day.",
     )
+    lead_time_seconds: float | None = Field(
+        default=None, gt=0,
+        description="Override the lead time (default: cold start p90 + interval + the signal's lag).",
+    )
     horizon_seconds: float | None = Field(
-        default=None, gt=0, description="Override the lead time (default: cold start p90 + interval)."
+        default=None, gt=0,
+        description="Deprecated: the old spelling of leadTimeSeconds, read as leadTimeSeconds in v1alpha1 "
+        "(a Warning Event says so); it goes in the next version.",
     )
     forecaster: str | None = Field(default=None, description="Forecaster name (default: the policy's).")
     window_seconds: float | None = Field(
@@ -269,6 +346,15 @@ class ForecastingSpec(_Model):
         "forecaster runs on the load's clock (its time constants and seasonalitySeconds are in load seconds); "
         "1 = real time.",
     )
+
+    @model_validator(mode="after")
+    def _old_spelling(self) -> ForecastingSpec:
+        # One field in Python: the old spelling is read into the new one, so both parse to the same spec.
+        if self.horizon_seconds is not None:
+            if self.lead_time_seconds is not None:
+                raise ValueError("scaling.forecasting: set leadTimeSeconds, or its old spelling horizonSeconds, not both")
+            self.lead_time_seconds, self.horizon_seconds = self.horizon_seconds, None
+        return self
 
 
 class WarmPoolSpec(_Model):
@@ -294,11 +380,25 @@ class WarmPoolSpec(_Model):
         "need of the last this-many seconds; the extra replicas wait in the warm pool (capped by max) and are "
         "promoted in seconds when the next burst queues. Lapses this long after the last burst.",
     )
-    cost_fraction: float = Field(
-        default=1.0, gt=0.0, le=1.0,
-        description="What a warm replica costs relative to a serving one (1.0: a GPU held idle costs the same). "
-        "Below 1 (a CPU replica resized down in place while warm) the forecast's safety margin waits in the warm "
-        "pool; at 1 it serves, since a warm replica would cost the same and serve only after a promotion.",
+    resources: ResourcesSpec | None = Field(
+        default=None,
+        description="CPU endpoints: the cpu and memory requests/limits of a warm replica, laid over `resources`. "
+        "A pod starts (and loads its model) at the serving size; once Ready in the warm pool the operator resizes "
+        "it in place (the pod resize subresource: no restart) to this size, and back before a promotion. Each "
+        "value must be at most the serving one, memory not below it either (the model stays loaded: set memory "
+        "only to repeat it), and the QoS class must stay the same.",
+    )
+    memory_cost_per_gib: float = Field(
+        default=MEMORY_COST_PER_GIB, ge=0.0, le=100.0,
+        description="The price of one GiB of memory in CPU cores, for the warm pool's cost fraction (default: "
+        "GCP's on-demand N2 list, $0.004237 per GiB-hour / $0.031611 per vCPU-hour).",
+    )
+    cost_fraction: float | None = Field(
+        default=None, gt=0.0, le=1.0,
+        description="What a warm replica costs relative to a serving one. Default: from warmPool.resources "
+        "(requests priced as cores + GiB x memoryCostPerGib), 1.0 without them (a GPU held idle costs the same). "
+        "Below 1 the forecast's safety margin waits in the warm pool; at 1 it serves, since a warm replica would "
+        "cost the same and serve only after a promotion.",
     )
     burst_threshold: float = Field(
         default=1.5, ge=1.0, le=10.0,  # PolicyConfig.burst_threshold (a test keeps them equal)
@@ -344,12 +444,17 @@ class ScalingSpec(_Model):
     target_per_replica: float = Field(
         default=2.0, description="Signal one serving replica handles within the latency SLO."
     )
-    latency_slo_ms: float | None = Field(default=None, description="End-to-end latency budget (p90).")
+    latency_slo_ms: float | None = Field(
+        default=None,
+        description="Deprecated, ignored: no decision reads a latency budget (the policy sizes serving by "
+        "targetPerReplica, the signal one replica handles within it). Accepted in v1alpha1 with a Warning "
+        "Event; it goes in the next version.",
+    )
     forecasting: ForecastingSpec = _sub(ForecastingSpec)
     warm_pool: WarmPoolSpec = _sub(WarmPoolSpec)
     scale_down_stabilization_seconds: int | None = Field(
         default=None, ge=0, le=86400,
-        description="Scale-down stabilisation window. Default: 300 s (HPA's), and when forecasting at least the lead "
+        description="Scale-down stabilization window. Default: 300 s (HPA's), and when forecasting at least the lead "
         "time (capacity given back cannot be back sooner).",
     )
     scale_to_zero: bool = False
@@ -379,7 +484,11 @@ class PrometheusQueries(_Model):
     tokens: str | None = Field(default=None, description="Tokens/s (signal tokensPerSecond).")
     concurrency: str | None = Field(default=None, description="Requests in flight (signal concurrency).")
     queue: str | None = Field(default=None, description="Requests waiting for a slot.")
-    latency: str | None = Field(default=None, description="p90 end-to-end latency in seconds.")
+    latency: str | None = Field(
+        default=None,
+        description="Deprecated, ignored (the latency budget it served is not read by any decision); "
+        "accepted in v1alpha1 with a Warning Event.",
+    )
 
 
 class PrometheusSpec(_Model):
@@ -391,13 +500,103 @@ class PrometheusSpec(_Model):
     queries: PrometheusQueries = _sub(PrometheusQueries)
 
 
+# CEL mirrors of the warm pool's rules the API server can check without the operator (the others,
+# with both values in the message, are the operator's: `warm_size.problems`).
+_WARM = "self.scaling.warmPool.resources"
+
+
+def _memory_not_below(kind: str) -> str:
+    warm, serving = f"{_WARM}.{kind}", f"self.resources.{kind}"
+    return (f"!has({warm}) || !('memory' in {warm}) || !('memory' in {serving}) || "
+            f"!isQuantity(string({warm}['memory'])) || !isQuantity(string({serving}['memory'])) || "
+            f"quantity(string({warm}['memory'])).compareTo(quantity(string({serving}['memory']))) >= 0")
+
+
 class InferenceEndpointSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(f"!has({_WARM}) || self.accelerator.type != 'gpu'",
+                     "scaling.warmPool.resources is for CPU endpoints: a warm GPU replica keeps its GPU, so resizing its CPU and memory would not make it cheap"),
+                _cel(f"!has({_WARM}) || (({_memory_not_below('requests')}) && ({_memory_not_below('limits')}))",
+                     "scaling.warmPool.resources memory must not be below the serving memory (resources): a warm replica keeps its model loaded, and memory cannot shrink under a running process"),
+            ]
+        }
+    )
+
     model: ModelSpec
     accelerator: AcceleratorSpec = _sub(AcceleratorSpec)
     resources: ResourcesSpec = _sub(ResourcesSpec)
     server: ServerSpec = _sub(ServerSpec)
     scaling: ScalingSpec = _sub(ScalingSpec)
     prometheus: PrometheusSpec = _sub(PrometheusSpec)
+
+    @model_validator(mode="after")
+    def _warm_size(self) -> InferenceEndpointSpec:
+        warm = self.scaling.warm_pool.resources
+        if warm is None:
+            return self
+        if self.accelerator.type is AcceleratorType.gpu:
+            raise ValueError("scaling.warmPool.resources is for CPU endpoints: a warm GPU replica keeps its GPU, so resizing its CPU and memory would not make it cheap")
+        try:
+            serving = warm_size.as_resources(self.resources)
+            asked = {kind: {n: str(v) for n, v in getattr(warm, kind).items()} for kind in warm_size.KINDS}
+            why = warm_size.problems(serving, asked)
+            shrinks = warm_size.memory_shrinks(serving, asked)
+        except ValueError as exc:  # an unparseable quantity
+            raise ValueError(f"resources / scaling.warmPool.resources: {exc}") from None
+        if shrinks:
+            raise ValueError("scaling.warmPool.resources memory must not be below the serving memory (resources): a warm replica keeps its model loaded, and memory cannot shrink under a running process")
+        if why:
+            raise ValueError("; ".join(why))
+        return self
+
+    def warm_cost_fraction(self) -> float:
+        """What a warm replica costs relative to a serving one: warmPool.costFraction when set, else from
+        warmPool.resources by the cost model in `warm_size`, else 1.0."""
+        pool = self.scaling.warm_pool
+        if pool.cost_fraction is not None:
+            return pool.cost_fraction
+        if pool.resources is None:
+            return 1.0
+        return warm_size.cost_fraction(warm_size.as_resources(self.resources), warm_size.as_resources(pool.resources),
+                                       pool.memory_cost_per_gib)
+
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
+
+
+def duration_s(text: str) -> float:
+    """Seconds of a Prometheus duration as the spec writes it (prometheus.window: "1m", "20s")."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+# Fields v1alpha1 still accepts but no longer reads under that name: where each went. The reconcile
+# handler posts one Warning Event per field set (`deprecated_fields`).
+DEPRECATED_FIELDS = {
+    ("scaling", "forecasting", "horizonSeconds"): "renamed scaling.forecasting.leadTimeSeconds (read as that "
+    "in v1alpha1; the old spelling goes in the next version)",
+    ("scaling", "latencySloMs"): "ignored: no decision reads a latency budget (serving is sized by "
+    "targetPerReplica); remove it, it goes in the next version",
+    ("prometheus", "queries", "latency"): "ignored: the latency query fed no decision and is no longer run; "
+    "remove it, it goes in the next version",
+}
+
+
+def deprecated_fields(raw: dict[str, Any] | None) -> list[str]:
+    """One line per deprecated field set in a CR's raw `.spec` (the parsed spec no longer knows the old
+    spellings): what it became."""
+    out = []
+    for path, what in DEPRECATED_FIELDS.items():
+        node: Any = raw or {}
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            out.append(f"spec.{'.'.join(path)} is deprecated: {what}")
+    return out
 
 
 def parse_spec(raw: dict[str, Any]) -> InferenceEndpointSpec:

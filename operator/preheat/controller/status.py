@@ -116,6 +116,6 @@ def build_status(
     return out
 
 
-def round_rate(value: float | None) -> float | None:
-    """Rates in status are for people: three decimals is plenty and keeps status diffs quiet."""
+def round_signal(value: float | None) -> float | None:
+    """The signal in status is for people: three decimals is plenty and keeps status diffs quiet."""
     return None if value is None else round(float(value), 3)

@@ -3,6 +3,8 @@
 - `forecast/`: forecasters of the signal over the lead time.
 - `policy/`: `decide`, the pure policy that turns an observation and a forecast into a decision with
   its reason.
-- `autoscaler.py`: one endpoint's autoscaler (forecaster + policy state + cold-start window), the
+- `autoscaler.py`: one endpoint's `Autoscaler` (forecaster + policy configuration and state), the
   object the operator and the simulator both step.
+- `from_spec.py`: an InferenceEndpoint spec -> its Autoscaler, the one place both hosts build theirs
+  (reads the typed spec of `preheat.controller.spec`; no I/O).
 """

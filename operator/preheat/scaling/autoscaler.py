@@ -10,11 +10,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from preheat.scaling.forecast import Forecaster, forecaster_from_dict, make_forecaster
 from preheat.scaling.policy.decide import (
-    clean_cold_starts,
     decide_measured,
     decide_panic,
     is_valid_signal,
-    lead_time_s,
     measured_cold_starts,
 )
 from preheat.scaling.policy.types import Decision, Observation, PolicyConfig, PolicyState
@@ -45,11 +43,6 @@ class Autoscaler:
             "auto", step_s=config.decision_interval_s
         )
         self.state = state if state is not None else PolicyState()
-        self.last_decision: Decision | None = None
-
-    def lead_time_s(self, obs: Observation | None = None) -> float:
-        samples = clean_cold_starts(obs.cold_start_samples_s) if obs is not None else ()
-        return lead_time_s(self.config, samples or self.state.cold_start_samples_s)
 
     def forecast_over(self, t_s: float, lead_s: float) -> tuple[float | None, float | None]:
         """(point, upper) forecast peaks over (now, now + window]; (None, None) without a basis.
@@ -86,15 +79,12 @@ class Autoscaler:
         decision, self.state = decide_measured(
             self.config, self.state, obs, forecast_value, forecast_upper, measured, lead
         )
-        self.last_decision = decision
         return decision
 
     def panic_step(self, obs: Observation) -> Decision | None:
         """The fast path between steps (every `panic_interval_s`): requests waiting promote Ready
         warm replicas, nothing else. None when there is nothing to do; the forecaster is not fed."""
         decision, self.state = decide_panic(self.config, self.state, obs)
-        if decision is not None:
-            self.last_decision = decision
         return decision
 
     # ScalingPolicy

@@ -1,7 +1,7 @@
 """Preheat's own Autoscaler (the code the operator runs) built for a simulated endpoint.
 
 The autoscaler comes from an InferenceEndpoint spec through the operator's own function
-(`preheat.controller.brain.autoscaler_from_spec` over `policy_config`): the CRD's defaults, or the
+(`preheat.scaling.from_spec.autoscaler_from_spec` over `policy_config`): the CRD's defaults, or the
 spec of `preheat simulate --spec FILE.yaml`. There is no second defaults table. The simulator sets
 only what the spec cannot know about a simulated fleet: the per-replica capacity (from the trace or
 --capacity-rps), the target utilization every policy aims at, max_replicas, the promotion time, the
@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from preheat.scaling.from_spec import autoscaler_from_spec, policy_config
 from preheat.scaling.policy import Decision, Observation
 from preheat.sim.baselines import PROMETHEUS, SimContext
 from preheat.sim.traces import ColdStartModel
@@ -79,15 +80,12 @@ class PreheatPolicy:
             "max_replicas": ctx.max_replicas,
             "target_per_replica": ctx.target_per_replica,
             "target_utilization": ctx.target_utilization,
-            "promotion_s": self.workload.fleet.promotion_s,
             "warm_cost_fraction": self.warm_cost_fraction,
             # per-request traces have concurrency slots and report running/waiting requests
             "concurrency_per_replica": float(self.workload.fleet.slots) if self._per_request() else None,
         }
 
     def prepare(self, ctx: SimContext) -> None:
-        from preheat.controller.brain import autoscaler_from_spec, policy_config
-
         self.ctx = ctx
         try:
             config = policy_config(self.spec).with_(**{**self.host_fields(ctx), **self.overrides})

@@ -338,6 +338,11 @@ class ColdStartSampler:
         self._fill(max(k, 1))
         return max(islice(self._ahead, max(k, 1)))
 
+    def upcoming(self, k: int) -> list[float]:
+        """The next `k` cold starts in the order replicas started from now will get them."""
+        self._fill(max(k, 1))
+        return list(islice(self._ahead, max(k, 1)))
+
     def draw(self) -> float:
         self._fill(1)
         return self._ahead.popleft()

@@ -3,7 +3,7 @@
 Shaped after Knative's decider (knative/serving pkg/autoscaler/scaling/autoscaler.go): need from a
 stable-window signal, a panic mode on a short window, max scale-up/-down rates. Added for model
 inference: a forecast term at now + lead time (lead time >= the measured cold start), a warm pool
-sized by the forecast's upper quantile, an HPA-style scale-down stabilisation window, and a hold on
+sized by the forecast's upper quantile, an HPA-style scale-down stabilization window, and a hold on
 missing data. Every decision is an absolute count (never "current x factor"), so pods that are
 still starting are not counted twice and there is no 2 -> 4 -> 8 cascade.
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from preheat.scaling.policy.types import Decision, Observation, PolicyConfig, PolicyState, Reason
+from preheat.scaling.policy.window import TimeWindow
 
 # Absorbs float noise in signal / capacity (e.g. 2.0000000001 must need 2 replicas, not 3).
 _EPS = 1e-9
@@ -78,17 +79,17 @@ def lead_time_s(config: PolicyConfig, samples: Sequence[float] | None) -> float:
     return cold_start_s(config, samples) + config.decision_interval_s + config.signal_lag_s
 
 
-REACTIVE_STABILISATION_S = 300.0  # HPA's default scale-down stabilisation, for a policy without forecasts
+REACTIVE_STABILIZATION_S = 300.0  # HPA's default scale-down stabilization, for a policy without forecasts
 
 
-def stabilisation_window_s(config: PolicyConfig, lead: float) -> float:
-    """The scale-down stabilisation window: the configured one, else HPA's 300 s, and when forecasting
+def stabilization_window_s(config: PolicyConfig, lead: float) -> float:
+    """The scale-down stabilization window: the configured one, else HPA's 300 s, and when forecasting
     never shorter than the lead time (capacity given back now cannot be back sooner). 300 s stays the
     floor: on noisy traffic a shorter window gives capacity back on every dip (tried: with a 30 s cold
     start, a 90 s window cost more and attained less on deepseek-r1 than 300 s)."""
     if config.scale_down_stabilization_s is not None:
         return float(config.scale_down_stabilization_s)
-    return max(lead, REACTIVE_STABILISATION_S) if config.forecasting else REACTIVE_STABILISATION_S
+    return max(lead, REACTIVE_STABILIZATION_S) if config.forecasting else REACTIVE_STABILIZATION_S
 
 
 def measured_cold_starts(
@@ -102,24 +103,6 @@ def measured_cold_starts(
     if config.horizon_override_s is not None:
         return clean, float(config.horizon_override_s)
     return clean, quantile(clean, config.cold_start_quantile) + config.decision_interval_s + config.signal_lag_s
-
-
-def _push_max_queue(
-    queue: tuple[tuple[float, int], ...], now: float, value: int, window_s: float
-) -> tuple[tuple[float, int], ...]:
-    """Append (now, value) to a monotone max-queue and drop entries outside the window.
-
-    Entries older than the window, from the future (clock went backwards), or dominated by the new
-    value (older and not larger) can never be the window's maximum again.
-    """
-    kept = [(t, v) for t, v in queue if now - window_s < t <= now and v > value]
-    kept.append((now, value))
-    return tuple(kept)
-
-
-def _window_max(queue: tuple[tuple[float, int], ...], now: float, window_s: float) -> int | None:
-    values = [v for t, v in queue if now - window_s < t <= now]
-    return max(values) if values else None
 
 
 def _fmt(x: float | None) -> str:
@@ -170,24 +153,90 @@ def decide_measured(
     warm_ready = _sanitize_count(obs.warm_ready)
     prev_serving = state.last_serving if state.last_serving is not None else current
     prev_warm = state.last_warm if state.last_warm is not None else warm_ready
+    fc = _forecast_terms(config, forecast_value, forecast_upper)
 
+    data_ok = math.isfinite(now) and not obs.stale and is_valid_signal(obs.value)
+    if not data_ok:
+        return _hold(config, state, obs, now, lead, measured, current, warm_ready, prev_serving, prev_warm,
+                     fc.value, fc.upper, fc.term, fc.upper_need)
+
+    serving_recs, total_recs = _resume_after_gap(config, state, now)
+    needs = _needs(config, obs, current, warm_ready)
+    panic_since, panic_last_over, panic_max = _panic_window(config, state, now, needs, current)
+    in_panic = panic_since is not None
+    notes: list[str] = []
+    recommendation, reason, panic_max = _recommend(config, needs, fc, current, in_panic, panic_max, notes)
+
+    window = stabilization_window_s(config, lead)
+    serving_queue = serving_recs.record(now, recommendation, window)
+    serving, reason = _stabilize(config, serving_queue, now, window, recommendation, reason, current, notes)
+    zero_since, to_zero = _scale_to_zero(config, state, now, needs, fc.upper, serving, in_panic, notes)
+    serving, reason = _bound(config, serving, reason, to_zero, notes)
+
+    warm, total_queue = _warm_pool(config, total_recs, now, serving, fc.upper_need, window)
+    burst_queue, burst_need = _burst_envelope(config, state.burst_needs, now, needs, current)
+    warm, reason = _apply_burst(config, serving, warm, burst_need, reason, prev_serving, prev_warm, notes)
+
+    detail = (
+        f"{reason}: signal {_fmt(needs.value)} (panic window {_fmt(needs.value_panic)}) needs {needs.reactive}; "
+        f"{_present(obs, needs.waiting, needs.present)}"
+        f"forecast {_fmt(fc.value)} (upper {_fmt(fc.upper)}) within {lead:.0f}s lead time needs {fc.need} "
+        f"(upper {fc.upper_need}); serving {current} -> {serving}, warm pool {prev_warm} -> {warm}"
+        + (" [panic]" if in_panic else "")
+        + ("; " + "; ".join(notes) if notes else "")
+    )
+    decision = Decision(
+        serving=serving, warm=warm, reason=reason, detail=detail, reactive_need=needs.reactive,
+        forecast_need=fc.need, panic_need=needs.panic, forecast_value=fc.value, forecast_upper=fc.upper,
+        lead_time_s=lead, panic=in_panic, promote=min(max(0, serving - current), warm_ready), time_s=now,
+    )
+    new_state = PolicyState(
+        last_serving=serving, last_warm=warm, panic_since=panic_since, panic_last_over=panic_last_over,
+        panic_max=panic_max, zero_since=zero_since, serving_recommendations=serving_queue,
+        total_recommendations=total_queue, cold_start_samples_s=measured, last_data_s=now,
+        burst_needs=burst_queue,
+    )
+    return decision, new_state
+
+
+@dataclass(frozen=True, slots=True)
+class _Forecast:
+    """The forecast as the decision uses it: point and upper value, and the replicas each needs."""
+
+    value: float | None
+    upper: float | None
+    need: int
+    upper_need: int
+    term: int  # what the forecast asks to serve: the upper need where the margin serves, else the point need
+
+
+def _forecast_terms(config: PolicyConfig, forecast_value: float | None, forecast_upper: float | None) -> _Forecast:
     fv = float(forecast_value) if config.forecasting and is_valid_signal(forecast_value) else None
     fu = float(forecast_upper) if config.forecasting and is_valid_signal(forecast_upper) else None
     if fu is not None and fv is not None:
         fu = max(fu, fv)
     elif fu is None:
         fu = fv
-    forecast_need = replicas_needed(fv, config) if fv is not None else 0
-    upper_need = replicas_needed(fu, config) if fu is not None else forecast_need
-    forecast_term = upper_need if config.margin_serves else forecast_need
+    need = replicas_needed(fv, config) if fv is not None else 0
+    upper_need = replicas_needed(fu, config) if fu is not None else need
+    return _Forecast(fv, fu, need, upper_need, upper_need if config.margin_serves else need)
 
-    data_ok = math.isfinite(now) and not obs.stale and is_valid_signal(obs.value)
-    if not data_ok:
-        return _hold(config, state, obs, now, lead, measured, current, warm_ready, prev_serving, prev_warm,
-                     fv, fu, forecast_term, upper_need)
 
-    value = float(obs.value)  # type: ignore[arg-type]
-    serving_recs, total_recs = _resume_after_gap(config, state, now)
+@dataclass(frozen=True, slots=True)
+class _Needs:
+    """What the observed signals need now (fresh data only)."""
+
+    value: float  # the stable-window signal
+    value_panic: float  # the panic-window signal
+    reactive: int  # replicas the stable-window signal needs
+    panic: int  # replicas the panic window (or the requests present) needs
+    waiting: float  # requests waiting for a slot
+    present: int  # replicas whose slots hold every request present now
+    base: int  # what serves now, at least one: the reference for panic and scale-up rates
+
+
+def _needs(config: PolicyConfig, obs: Observation, current: int, warm_ready: int) -> _Needs:
+    value = float(obs.value)  # type: ignore[arg-type]  # checked by the caller
     value_panic = float(obs.value_panic) if is_valid_signal(obs.value_panic) else value
     reactive_need = replicas_needed(value, config)
     panic_need = replicas_needed(value_panic, config)
@@ -199,12 +248,21 @@ def decide_measured(
     extra = config.queue_cold_start_rate * base
     present_need = min(present_need, current + warm_ready + (math.ceil(extra) if extra < 1e12 else 10**12))
     panic_need = max(panic_need, present_need)
+    return _Needs(value, value_panic, reactive_need, panic_need, waiting, present_need, base)
 
-    # Panic (Knative): the short-window need is at least panic_threshold x what serves now. Measured
-    # against current serving, with at least one, so a burst at zero replicas also panics. With
-    # concurrency counts, requests waiting while the slots of what serves now are full also panic:
-    # the queue sees a burst within one scrape, a rate window only after it has mostly passed.
-    over_threshold = panic_need / base >= config.panic_threshold or (waiting > 0 and present_need > current)
+
+def _panic_window(
+    config: PolicyConfig, state: PolicyState, now: float, needs: _Needs, current: int
+) -> tuple[float | None, float | None, int]:
+    """(panic since, last time over the threshold, highest recommendation since panic began).
+
+    Panic (Knative): the short-window need is at least panic_threshold x what serves now. Measured
+    against current serving, with at least one, so a burst at zero replicas also panics. With
+    concurrency counts, requests waiting while the slots of what serves now are full also panic:
+    the queue sees a burst within one scrape, a rate window only after it has mostly passed.
+    """
+    over_threshold = needs.panic / needs.base >= config.panic_threshold or (
+        needs.waiting > 0 and needs.present > current)
     panic_since, panic_last_over, panic_max = state.panic_since, state.panic_last_over, state.panic_max
     if over_threshold:
         if panic_since is None:
@@ -212,78 +270,109 @@ def decide_measured(
         panic_last_over = now
     elif panic_since is not None and (panic_last_over is None or now - panic_last_over >= config.stable_window_s):
         panic_since, panic_last_over, panic_max = None, None, 0
-    in_panic = panic_since is not None
+    return panic_since, panic_last_over, panic_max
 
-    recommendation = max(reactive_need, forecast_term)
-    reason = Reason.FORECAST if forecast_term > reactive_need else Reason.REACTIVE
-    notes: list[str] = []
+
+def _recommend(
+    config: PolicyConfig, needs: _Needs, fc: _Forecast, current: int, in_panic: bool, panic_max: int,
+    notes: list[str],
+) -> tuple[int, Reason, int]:
+    """(unstabilized recommendation, its reason, panic max): the larger of the reactive and forecast
+    needs, in panic never below what was asked since it began, capped by the scale-up rate."""
+    recommendation = max(needs.reactive, fc.term)
+    reason = Reason.FORECAST if fc.term > needs.reactive else Reason.REACTIVE
     if in_panic:
         # In panic never scale down: keep the highest of the panic need, what we asked for since
         # panic began and what serves now.
-        panicked = max(panic_need, panic_max, current)
+        panicked = max(needs.panic, panic_max, current)
         if panicked > recommendation:
             recommendation, reason = panicked, Reason.PANIC
         panic_max = max(panic_max, recommendation)
-
-    up_cap = math.ceil(config.max_scale_up_rate * base)
+    up_cap = math.ceil(config.max_scale_up_rate * needs.base)
     if recommendation > up_cap:
         recommendation = up_cap
         notes.append(f"capped by max scale-up rate {config.max_scale_up_rate:g}x to {up_cap}")
+    return recommendation, reason, panic_max
 
-    # Scale-down stabilisation (HPA): the highest recommendation within the window wins.
-    window = stabilisation_window_s(config, lead)
-    serving_queue = _push_max_queue(serving_recs, now, recommendation, window)
+
+def _stabilize(
+    config: PolicyConfig, serving_queue: TimeWindow, now: float, window: float, recommendation: int,
+    reason: Reason, current: int, notes: list[str],
+) -> tuple[int, Reason]:
+    """Scale-down stabilization (HPA): the highest recommendation within the window wins; the
+    scale-down rate bounds how far one decision may fall."""
     serving = recommendation
-    stabilised = _window_max(serving_queue, now, window) or 0
-    if stabilised > serving:
-        serving, reason = stabilised, Reason.STABILISATION
-        notes.append(f"highest recommendation in the last {window:g}s is {stabilised}")
+    stabilized = serving_queue.max(now, window) or 0
+    if stabilized > serving:
+        serving, reason = stabilized, Reason.STABILIZATION
+        notes.append(f"highest recommendation in the last {window:g}s is {stabilized}")
     rate_floor = math.floor(current / config.max_scale_down_rate)
     if serving < rate_floor:
-        serving, reason = rate_floor, Reason.STABILISATION
+        serving, reason = rate_floor, Reason.STABILIZATION
         notes.append(f"max scale-down rate {config.max_scale_down_rate:g} allows no fewer than {rate_floor}")
+    return serving, reason
 
-    # Scale to zero: zero traffic for the grace period and no traffic forecast within the lead time.
+
+def _scale_to_zero(
+    config: PolicyConfig, state: PolicyState, now: float, needs: _Needs, fu: float | None, serving: int,
+    in_panic: bool, notes: list[str],
+) -> tuple[float | None, bool]:
+    """(zero traffic since, scale to zero now): zero traffic for the grace period and no traffic
+    forecast within the lead time."""
+    if not (config.scale_to_zero and config.min_replicas == 0):
+        return None, False
     zero_since = state.zero_since
-    to_zero = False
-    if config.scale_to_zero and config.min_replicas == 0:
-        if value == 0.0 and value_panic == 0.0:
-            zero_since = now if zero_since is None else zero_since
-        else:
-            zero_since = None
-        idle_forecast = fu is None or fu < config.idle_forecast_fraction * config.capacity_per_replica
-        if zero_since is not None and now - zero_since >= config.scale_to_zero_grace_s and idle_forecast:
-            to_zero = not in_panic
-        elif serving == 0 and zero_since is not None:
-            notes.append(
-                f"zero traffic for {now - zero_since:.0f}s of a {config.scale_to_zero_grace_s:g}s grace"
-                if idle_forecast
-                else f"forecast upper {_fmt(fu)} says traffic comes within the lead time"
-            )
+    if needs.value == 0.0 and needs.value_panic == 0.0:
+        zero_since = now if zero_since is None else zero_since
     else:
         zero_since = None
+    idle_forecast = fu is None or fu < config.idle_forecast_fraction * config.capacity_per_replica
+    if zero_since is not None and now - zero_since >= config.scale_to_zero_grace_s and idle_forecast:
+        return zero_since, not in_panic
+    if serving == 0 and zero_since is not None:
+        notes.append(
+            f"zero traffic for {now - zero_since:.0f}s of a {config.scale_to_zero_grace_s:g}s grace"
+            if idle_forecast
+            else f"forecast upper {_fmt(fu)} says traffic comes within the lead time"
+        )
+    return zero_since, False
 
+
+def _bound(config: PolicyConfig, serving: int, reason: Reason, to_zero: bool, notes: list[str]) -> tuple[int, Reason]:
+    """Scale to zero, or hold serving within [floor, max_replicas]."""
     if to_zero:
-        serving, reason = 0, Reason.SCALE_TO_ZERO
-    else:
-        lo = config.floor_replicas
-        if serving < lo and config.scale_to_zero and config.min_replicas == 0:
-            # waiting out the grace (or the forecast): keep one replica, by stabilisation not bounds
-            serving, reason = lo, Reason.STABILISATION
-        clamped = min(max(serving, lo), config.max_replicas)
-        if clamped != serving:
-            notes.append(f"clamped to [{lo}, {config.max_replicas}]")
-            serving, reason = clamped, Reason.BOUNDS
+        return 0, Reason.SCALE_TO_ZERO
+    lo = config.floor_replicas
+    if serving < lo and config.scale_to_zero and config.min_replicas == 0:
+        # waiting out the grace (or the forecast): keep one replica, by stabilization not bounds
+        serving, reason = lo, Reason.STABILIZATION
+    clamped = min(max(serving, lo), config.max_replicas)
+    if clamped != serving:
+        notes.append(f"clamped to [{lo}, {config.max_replicas}]")
+        serving, reason = clamped, Reason.BOUNDS
+    return serving, reason
 
-    warm, total_queue = _warm_pool(config, total_recs, now, serving, upper_need, window)
-    # Burst envelope: on bursty traffic keep serving + warm at the highest short-window need of the
-    # last burst_memory_s (the warm pool is promoted in seconds when the next burst queues).
-    burst_queue, burst_need = state.burst_needs, 0
-    if config.burst_memory_s > 0.0:
-        bursty = panic_need >= config.burst_threshold * max(reactive_need, 1) or (waiting > 0 and present_need > current)
-        burst_queue = _push_max_queue(burst_queue, now, panic_need, config.burst_memory_s) if bursty else tuple(
-            (t, v) for t, v in burst_queue if now - config.burst_memory_s < t <= now)
-        burst_need = _window_max(burst_queue, now, config.burst_memory_s) or 0
+
+def _burst_envelope(
+    config: PolicyConfig, burst_needs: TimeWindow, now: float, needs: _Needs, current: int
+) -> tuple[TimeWindow, int]:
+    """(the burst window, the highest short-window need in it). A step counts as a burst when the
+    short-window need is burst_threshold x the stable one, or requests wait with every slot busy."""
+    if config.burst_memory_s <= 0.0:
+        return burst_needs, 0
+    bursty = needs.panic >= config.burst_threshold * max(needs.reactive, 1) or (
+        needs.waiting > 0 and needs.present > current)
+    span = config.burst_memory_s
+    window = burst_needs.record(now, needs.panic, span) if bursty else burst_needs.within(now, span)
+    return window, window.max(now, span) or 0
+
+
+def _apply_burst(
+    config: PolicyConfig, serving: int, warm: int, burst_need: int, reason: Reason, prev_serving: int,
+    prev_warm: int, notes: list[str],
+) -> tuple[int, Reason]:
+    """Burst envelope: on bursty traffic keep serving + warm at the highest short-window need of the
+    last burst_memory_s (the warm pool is promoted in seconds when the next burst queues)."""
     burst_warm = 0
     if serving > 0 and burst_need > serving:
         burst_warm = max(0, min(burst_need - serving, config.warm_pool_max, config.max_replicas - serving))
@@ -291,49 +380,12 @@ def decide_measured(
     if by_burst:
         warm = burst_warm
         notes.append(f"burst envelope: short-window need {burst_need} within the last {config.burst_memory_s:g}s")
-    steady = reason in (Reason.REACTIVE, Reason.FORECAST, Reason.STABILISATION) and serving == prev_serving
+    steady = reason in (Reason.REACTIVE, Reason.FORECAST, Reason.STABILIZATION) and serving == prev_serving
     if steady and by_burst:
         reason = Reason.BURST  # serving holds; the burst envelope sets the Deployment's total
     elif steady and warm != prev_warm:
         reason = Reason.WARM_POOL
-
-    detail = (
-        f"{reason}: signal {_fmt(value)} (panic window {_fmt(value_panic)}) needs {reactive_need}; "
-        f"{_present(obs, waiting, present_need)}"
-        f"forecast {_fmt(fv)} (upper {_fmt(fu)}) within {lead:.0f}s lead time needs {forecast_need} "
-        f"(upper {upper_need}); serving {current} -> {serving}, warm pool {prev_warm} -> {warm}"
-        + (" [panic]" if in_panic else "")
-        + ("; " + "; ".join(notes) if notes else "")
-    )
-    decision = Decision(
-        serving=serving,
-        warm=warm,
-        reason=reason,
-        detail=detail,
-        reactive_need=reactive_need,
-        forecast_need=forecast_need,
-        panic_need=panic_need,
-        forecast_value=fv,
-        forecast_upper=fu,
-        lead_time_s=lead,
-        panic=in_panic,
-        promote=min(max(0, serving - current), warm_ready),
-        time_s=now,
-    )
-    new_state = PolicyState(
-        last_serving=serving,
-        last_warm=warm,
-        panic_since=panic_since,
-        panic_last_over=panic_last_over,
-        panic_max=panic_max,
-        zero_since=zero_since,
-        serving_recommendations=serving_queue,
-        total_recommendations=total_queue,
-        cold_start_samples_s=measured,
-        last_data_s=now,
-        burst_needs=burst_queue,
-    )
-    return decision, new_state
+    return warm, reason
 
 
 def decide_panic(config: PolicyConfig, state: PolicyState, obs: Observation) -> tuple[Decision | None, PolicyState]:
@@ -383,28 +435,22 @@ def decide_panic(config: PolicyConfig, state: PolicyState, obs: Observation) -> 
     return decision, new_state
 
 
-def _resume_after_gap(
-    config: PolicyConfig, state: PolicyState, now: float
-) -> tuple[tuple[tuple[float, int], ...], tuple[tuple[float, int], ...]]:
-    """The stabilisation queues, with a data gap taken out of their age.
+def _resume_after_gap(config: PolicyConfig, state: PolicyState, now: float) -> tuple[TimeWindow, TimeWindow]:
+    """The stabilization queues, with a data gap taken out of their age.
 
     Missing data holds the fleet, and the first windows after a metrics outage are partial (a
     rate() over a window that is mostly gap, a logging pipeline catching up). If the gap aged the
     recommendations made before it, the first fresh sample would let the fleet drop at once to
     whatever that partial window shows, just before traffic that never went away is seen again.
     So the windows count observed time: entries made before the gap are shifted forward by the gap
-    (beyond one decision interval), and a recovered pipeline has to show a full stabilisation
+    (beyond one decision interval), and a recovered pipeline has to show a full stabilization
     window of lower demand before the fleet shrinks.
     """
     last = state.last_data_s
     gap = now - last - config.decision_interval_s if last is not None and math.isfinite(last) else 0.0
     if not gap > 0.0:
         return state.serving_recommendations, state.total_recommendations
-
-    def shift(q: tuple[tuple[float, int], ...]) -> tuple[tuple[float, int], ...]:
-        return tuple((min(t + gap, now), v) for t, v in q)
-
-    return shift(state.serving_recommendations), shift(state.total_recommendations)
+    return state.serving_recommendations.shifted(gap, now), state.total_recommendations.shifted(gap, now)
 
 
 def _concurrency_need(config: PolicyConfig, obs: Observation) -> tuple[float, int]:
@@ -437,26 +483,26 @@ def _finite(x: object) -> bool:
 
 def _warm_pool(
     config: PolicyConfig,
-    total_recs: tuple[tuple[float, int], ...],
+    total_recs: TimeWindow,
     now: float,
     serving: int,
     upper_need: int,
     window: float,
-) -> tuple[int, tuple[tuple[float, int], ...]]:
+) -> tuple[int, TimeWindow]:
     """Warm pool = configured minimum + the forecast's burst margin (upper need beyond serving).
 
-    The total (serving + warm) is stabilised like serving, so replicas freed from serving are demoted
+    The total (serving + warm) is stabilized like serving, so replicas freed from serving are demoted
     to the warm pool for the window instead of being deleted and cold-started again. Capped by
     warm_pool_max and by max_replicas - serving (max_replicas bounds the Deployment).
     """
     if serving == 0:
-        return 0, _push_max_queue(total_recs, now, 0, window)
+        return 0, total_recs.record(now, 0, window)
     extra = 0 if config.margin_serves else max(0, upper_need - serving)
     warm_rec = min(config.warm_pool_min + extra, config.warm_pool_max)
     total_rec = serving + warm_rec
-    total_queue = _push_max_queue(total_recs, now, total_rec, window)
-    stabilised_total = _window_max(total_queue, now, window) or total_rec
-    warm = max(warm_rec, min(stabilised_total - serving, config.warm_pool_max))
+    total_queue = total_recs.record(now, total_rec, window)
+    stabilized_total = total_queue.max(now, window) or total_rec
+    warm = max(warm_rec, min(stabilized_total - serving, config.warm_pool_max))
     warm = max(0, min(warm, config.max_replicas - serving))
     return warm, total_queue
 

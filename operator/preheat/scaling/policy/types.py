@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
+from preheat.scaling.policy.window import TimeWindow
+
 
 class Reason(StrEnum):
     """The term that won a decision (the operator counts decisions by it)."""
@@ -19,7 +21,7 @@ class Reason(StrEnum):
     FORECAST = "forecast"  # the forecast at now + lead time
     PANIC = "panic"  # a short-window burst of at least panic_threshold x current serving
     BOUNDS = "bounds"  # min_replicas / max_replicas clamped the result
-    STABILISATION = "stabilisation"  # scale-down held back by the window or the max scale-down rate
+    STABILIZATION = "stabilization"  # scale-down held back by the window or the max scale-down rate
     WARM_POOL = "warmPool"  # serving unchanged, the warm pool changed
     HOLD = "hold"  # missing, stale or invalid data: keep what we have
     SCALE_TO_ZERO = "scaleToZero"  # no traffic for the grace period and none forecast within lead time
@@ -51,7 +53,7 @@ class PolicyConfig:
     panic_window_s: float = 6.0
     panic_threshold: float = 2.0
     max_scale_up_rate: float = 1000.0
-    # Scale-down stabilisation window (HPA's rule: the highest recommendation within it wins). None:
+    # Scale-down stabilization window (HPA's rule: the highest recommendation within it wins). None:
     # HPA's 300 s, and when forecasting at least the lead time (a replica removed now is back no sooner).
     scale_down_stabilization_s: float | None = None
     max_scale_down_rate: float = 2.0
@@ -64,7 +66,6 @@ class PolicyConfig:
     idle_forecast_fraction: float = 0.05
     default_cold_start_s: float = 60.0
     cold_start_quantile: float = 0.9
-    promotion_s: float = 5.0
     # Requests one serving replica runs at once (the model server's concurrency slots, e.g. vLLM's
     # max_num_seqs). With it, and `running`/`queue` in the observation (vllm:num_requests_running and
     # vllm:num_requests_waiting, scraped every few seconds), the panic path also sizes for the
@@ -121,7 +122,6 @@ class PolicyConfig:
         finite("scale_to_zero_grace_s", 0.0)
         finite("idle_forecast_fraction", 0.0)
         finite("default_cold_start_s", 0.0)
-        finite("promotion_s", 0.0)
         finite("queue_cold_start_rate", 0.0)
         finite("burst_memory_s", 0.0)
         finite("burst_threshold", 1.0)
@@ -275,7 +275,7 @@ class PolicyState:
     """What the policy remembers between decisions (all of it; `decide` is otherwise pure).
 
     `serving_recommendations` and `total_recommendations` hold (time, replicas) of recent
-    unstabilised recommendations for the scale-down stabilisation window, kept as a monotone queue
+    unstabilized recommendations for the scale-down stabilization window, kept as a monotone queue
     (only entries that can still be the window's maximum), so their length stays small.
     `last_data_s` is when the last decision on fresh data was made (None before the first).
     """
@@ -286,14 +286,21 @@ class PolicyState:
     panic_last_over: float | None = None
     panic_max: int = 0
     zero_since: float | None = None
-    serving_recommendations: tuple[tuple[float, int], ...] = ()
-    total_recommendations: tuple[tuple[float, int], ...] = ()
+    serving_recommendations: TimeWindow = field(default_factory=TimeWindow)
+    total_recommendations: TimeWindow = field(default_factory=TimeWindow)
     cold_start_samples_s: tuple[float, ...] = field(default=())
     # Time of the last decision made on fresh data. A gap (holds in between) does not age the
-    # stabilisation windows: the window measures observed time (see decide._resume_after_gap).
+    # stabilization windows: the window measures observed time (see decide._resume_after_gap).
     last_data_s: float | None = None
     # (time, short-window need) of recent bursts, a monotone max-queue over burst_memory_s.
-    burst_needs: tuple[tuple[float, int], ...] = ()
+    burst_needs: TimeWindow = field(default_factory=TimeWindow)
+
+    def __post_init__(self) -> None:
+        # Windows given as plain (time, value) tuples (tests, restored state) become TimeWindows.
+        for key in ("serving_recommendations", "total_recommendations", "burst_needs"):
+            value = getattr(self, key)
+            if not isinstance(value, TimeWindow):
+                object.__setattr__(self, key, TimeWindow(value))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

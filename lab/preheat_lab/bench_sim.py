@@ -4,7 +4,7 @@ Runs exactly what `preheat simulate --policy all` runs, writes one JSON with eve
 Must-show checks (Preheat's SLO attainment and replica-seconds against each baseline), the wall time
 of each run (the 14-day series and the one-hour per-request traces), plots, and a Markdown table.
 
-    python -m preheat.sim.bench --out bench-results/simulate.json [--traces-dir DIR] [--quick]
+    python -m preheat_lab.bench_sim --out bench-results/simulate.json [--traces-dir DIR] [--only KEYS]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from preheat.sim import cli
 from preheat.sim.traces import load_cold_start
+from preheat_server.hardware import machine_record
 
 TRACES = {
     "azure-code": "azure_llm_2023_code.csv",
@@ -33,6 +34,12 @@ COLD_FILE = "alibaba_cold_starts_ms.csv"
 # Bursty per-request traces get the always-on frontier: fixed fleets of these sizes.
 FRONTIER_TRACES = ("azure-code",)
 FRONTIER_SIZES = range(6, 25, 2)
+
+
+def default_traces_dir() -> str:
+    """$PREHEAT_TRACES, else `../shared/traces` beside the checkout (the README's commands run from the
+    repository root)."""
+    return os.environ.get("PREHEAT_TRACES", "../shared/traces")
 
 
 def checks(policies: dict[str, dict[str, Any]], cold_s: float) -> dict[str, Any]:
@@ -101,9 +108,9 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m preheat.sim.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m preheat_lab.bench_sim", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench-results/simulate.json")
-    ap.add_argument("--traces-dir", default=os.environ.get("PREHEAT_TRACES", "/work/shared/traces"))
+    ap.add_argument("--traces-dir", default=default_traces_dir())
     ap.add_argument("--only", help="comma list of trace keys")
     ap.add_argument("--policy", default="all")
     ap.add_argument("--no-plots", action="store_true")
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in runs
     }
     doc = {
-        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": {**machine_record(), "python": platform.python_version(), "platform": platform.platform()},
         "note": "cpu_s is the CPU time of one policy's run on one core (wall_s is inflated on a shared machine); the 14-day series are m-small and m-mid, the one-hour "
         "per-request traces azure-code and mooncake",
         "total_wall_s": time.perf_counter() - started,

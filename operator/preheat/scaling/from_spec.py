@@ -1,22 +1,19 @@
-"""The operator's handle on the scaling brain: spec -> PolicyConfig, and one Autoscaler per endpoint.
+"""An InferenceEndpoint spec -> its Autoscaler: the policy's configuration, the forecaster, and the
+state the operator persists in `.status.forecaster`.
 
-The forecaster and policy (`preheat.scaling.forecast`, `preheat.scaling.policy`) are shared with the simulator and
-know nothing of Kubernetes; this module only translates the CR's spec into their configuration and
-keeps the forecaster reachable so the operator can replay Prometheus history into it on start.
+The one place a spec becomes an autoscaler, for both hosts: the operator (`controller/endpoint.py`)
+and the simulator (`sim/preheat_policy.py`) build theirs with `autoscaler_from_spec(spec,
+policy_config(spec))`. Pure: the spec is a typed pydantic object, nothing here does I/O.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from preheat.controller.observe import duration_s
-from preheat.controller.spec import InferenceEndpointSpec
+from preheat.controller.spec import InferenceEndpointSpec, duration_s
 from preheat.scaling.autoscaler import Autoscaler
 from preheat.scaling.forecast import DAY_S, Forecaster, forecaster_from_dict, make_forecaster
-from preheat.scaling.policy import Decision, Observation, PolicyConfig, PolicyState
-
-log = logging.getLogger("preheat.brain")
+from preheat.scaling.policy import PolicyConfig, PolicyState
 
 
 def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
@@ -32,7 +29,7 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
         target_per_replica=s.target_per_replica,
         decision_interval_s=interval_s or s.interval_seconds,
         forecasting=s.forecasting.enabled and not reactive_only,
-        horizon_override_s=s.forecasting.horizon_seconds,
+        horizon_override_s=s.forecasting.lead_time_seconds,
         forecast_window_s=s.forecasting.window_seconds,
         stable_window_s=stable,
         panic_window_s=panic,
@@ -43,7 +40,7 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
         # The burst envelope lives in the warm pool: off with it in reactive-only mode.
         burst_memory_s=0.0 if reactive_only else float(s.warm_pool.burst_memory_seconds),
         burst_threshold=s.warm_pool.burst_threshold,
-        warm_cost_fraction=s.warm_pool.cost_fraction,
+        warm_cost_fraction=spec.warm_cost_fraction(),
         scale_to_zero=s.scale_to_zero,
         # A replica's slots: lets the policy see a burst in the queue before the rate window does
         # (it promotes warm replicas at once; cold starts still follow the rate and the forecast).
@@ -53,15 +50,11 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
 
 def autoscaler_from_spec(spec: InferenceEndpointSpec, config: PolicyConfig | None = None,
                          forecaster: Forecaster | None = None) -> Autoscaler:
-    """The one place an InferenceEndpoint spec becomes an autoscaler (forecaster + policy), for both hosts.
-
-    The operator's Brain and the simulator's Preheat policy both build theirs here. `config` is
-    `policy_config(spec)` unless the host passes its own derivation of it (the operator's
-    --reactive-only / --interval, the simulator's fleet capacity and target utilization), always
-    built from this spec's `policy_config`.
-    """
+    """The endpoint's autoscaler (forecaster + policy). `config` is `policy_config(spec)` unless the host
+    passes its own derivation of it (the operator's --reactive-only / --interval, the simulator's fleet
+    capacity and target utilization), always built from this spec's `policy_config`."""
     config = config if config is not None else policy_config(spec)
-    return Autoscaler(config, forecaster or make_brain_forecaster(spec, config.decision_interval_s))
+    return Autoscaler(config, forecaster or forecaster_from_spec(spec, config.decision_interval_s))
 
 
 class TimeScaledForecaster:
@@ -117,7 +110,7 @@ def forecasting_key(spec: InferenceEndpointSpec, step_s: float) -> dict[str, Any
             "signal": str(spec.scaling.signal)}
 
 
-def make_brain_forecaster(spec: InferenceEndpointSpec, step_s: float) -> Forecaster:
+def forecaster_from_spec(spec: InferenceEndpointSpec, step_s: float) -> Forecaster:
     """The endpoint's forecaster, fed once per decision interval (`step_s`, wall seconds)."""
     f = spec.scaling.forecasting
     scale = float(f.time_compression)
@@ -128,44 +121,29 @@ def make_brain_forecaster(spec: InferenceEndpointSpec, step_s: float) -> Forecas
     return inner if scale == 1.0 else TimeScaledForecaster(inner, scale)
 
 
-class Brain:
-    """Forecaster + policy for one endpoint: `preheat.scaling.policy.Autoscaler`, built from the spec."""
+def forecast_ready(autoscaler: Autoscaler) -> bool:
+    """Whether the forecaster has the history it needs (status condition ForecastReady)."""
+    return bool(getattr(autoscaler.forecaster, "ready", False))
 
-    def __init__(self, config: PolicyConfig, spec: InferenceEndpointSpec, forecaster: Forecaster | None = None,
-                 autoscaler: Autoscaler | None = None) -> None:
-        self.config = config
-        self.key = forecasting_key(spec, config.decision_interval_s)
-        self.autoscaler = autoscaler or autoscaler_from_spec(spec, config, forecaster)
 
-    @property
-    def forecaster(self) -> Forecaster:
-        return self.autoscaler.forecaster
+def seed(autoscaler: Autoscaler, samples: list[tuple[float, float]]) -> int:
+    """Replay history (time, signal) into the forecaster; returns how many samples went in."""
+    for t, v in samples:
+        autoscaler.forecaster.update(t, v)
+    return len(samples)
 
-    @property
-    def forecast_ready(self) -> bool:
-        return bool(getattr(self.forecaster, "ready", False))
 
-    def seed(self, samples: list[tuple[float, float]]) -> int:
-        """Replay history (time, value) into the forecaster; returns how many samples went in."""
-        for t, v in samples:
-            self.forecaster.update(t, v)
-        return len(samples)
+def saved_state(autoscaler: Autoscaler, key: dict[str, Any]) -> dict[str, Any]:
+    """What `.status.forecaster` holds: the autoscaler's state and the forecasting key it was built for."""
+    return {"autoscaler": autoscaler.to_dict(), "forecasting": key}
 
-    def step(self, obs: Observation) -> Decision:
-        return self.autoscaler.step(obs)
 
-    def to_dict(self) -> dict[str, Any]:
-        """State worth persisting across an operator restart."""
-        return {"autoscaler": self.autoscaler.to_dict(), "forecasting": self.key}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], config: PolicyConfig, spec: InferenceEndpointSpec) -> Brain:
-        """Restore persisted state under the current spec's config; raises if the format is unknown or
-        the state was built for other forecasting settings (season, clock, model, signal, step)."""
-        key = forecasting_key(spec, config.decision_interval_s)
-        saved_key = data.get("forecasting")
-        if saved_key is not None and saved_key != key:
-            raise ValueError(f"saved forecaster was built for {saved_key}, the spec now asks for {key}")
-        a = data["autoscaler"]
-        autoscaler = Autoscaler(config, restore_forecaster(a["forecaster"]), PolicyState.from_dict(a["state"]))
-        return cls(config, spec, autoscaler=autoscaler)
+def restore_autoscaler(data: dict[str, Any], config: PolicyConfig, spec: InferenceEndpointSpec) -> Autoscaler:
+    """Restore `saved_state` under the current spec's config; raises if the format is unknown or the state
+    was built for other forecasting settings (season, clock, model, signal, step)."""
+    key = forecasting_key(spec, config.decision_interval_s)
+    saved_key = data.get("forecasting")
+    if saved_key is not None and saved_key != key:
+        raise ValueError(f"saved forecaster was built for {saved_key}, the spec now asks for {key}")
+    a = data["autoscaler"]
+    return Autoscaler(config, restore_forecaster(a["forecaster"]), PolicyState.from_dict(a["state"]))

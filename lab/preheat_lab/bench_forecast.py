@@ -1,7 +1,7 @@
 """Forecast-accuracy benchmark on the ServeGen request-rate series.
 
-`python -m preheat.scaling.forecast.bench --out bench-results/forecast.json` (the `make bench-forecast`
-target). For every series and method it walks the series once, in order, as the operator would:
+`python -m preheat_lab.bench_forecast --out bench-results/forecast.json` (the `make bench-forecast`
+target; the ServeGen CSVs from --traces, default $PREHEAT_TRACES or ../shared/traces from the repository root). For every series and method it walks the series once, in order, as the operator would:
 update with the window's rate, then forecast 10 and 60 minutes ahead; it reports sMAPE against what
 actually came, the upper-quantile forecast's coverage, and the per-sample cost of each online
 forecaster. statsmodels' ExponentialSmoothing is the offline baseline: refitted (parameters
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from preheat.scaling.forecast import DAY_S, Forecaster, make_forecaster
+from preheat_server.hardware import machine_record
 
 STEP_S = 600.0  # ServeGen windows
 HORIZONS = {"10m": 1, "60m": 6}  # in windows
@@ -38,10 +39,7 @@ SERIES = {
 
 
 def default_traces_dir() -> Path:
-    env = os.environ.get("PREHEAT_TRACES")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+    return Path(os.environ.get("PREHEAT_TRACES", "../shared/traces"))
 
 
 def load_series(path: Path, zeros_missing: bool) -> tuple[list[float], list[float | None]]:
@@ -239,7 +237,7 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m preheat.scaling.forecast.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m preheat_lab.bench_forecast", description=__doc__.split("\n")[0])
     parser.add_argument("--traces", type=Path, default=default_traces_dir(), help="folder with the ServeGen CSVs")
     parser.add_argument("--out", type=Path, default=Path("bench-results/forecast.json"))
     parser.add_argument("--no-statsmodels", action="store_true", help="skip the offline baseline")
@@ -251,11 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args.traces, with_statsmodels=not args.no_statsmodels)
     doc = {
         "benchmark": "forecast accuracy (sMAPE %, lower is better) on ServeGen 10-minute request-rate series",
-        "command": "python -m preheat.scaling.forecast.bench --out " + str(args.out),
+        "command": "python -m preheat_lab.bench_forecast --out " + str(args.out),
         "horizons": {k: v * STEP_S for k, v in HORIZONS.items()},
         "notes": "all-zero windows are missing data (not scored, not fed); evaluation starts at eval_from_s; "
         "coverage = share of actuals <= the 0.9 upper forecast",
         "python": platform.python_version(),
+        "machine": machine_record(),
         "wall_s": round(time.time() - started, 2),
         "series": results,
     }

@@ -1,4 +1,4 @@
-"""`make bench-frontier`: the cost-SLO frontier of every policy on every trace in the shared folder x
+"""`make bench-frontier` (lab: `preheat_lab.bench_frontier`): the cost-SLO frontier of every policy on every trace in the shared folder x
 cold start {30 s, measured, 300 s} x warm cost fraction {1.0, a CPU stand-in}.
 
 Runs what `preheat frontier` runs, on one prepared workload per (trace, cold start): the baselines
@@ -6,7 +6,7 @@ have no warm pool, so their frontier is the same at every warm cost fraction and
 runs at each fraction (its policy reads it). Writes one JSON per (trace, cold start) with both
 fractions, one PNG per (trace, cold start) and the README table (Markdown) with the margins.
 
-    python -m preheat.sim.bench_frontier --out-dir bench-results [--only m-small] [--colds 30,300]
+    python -m preheat_lab.bench_frontier --out-dir bench-results [--only m-small] [--colds 30,300]
 
 The CPU fraction is a STAND-IN, not a measurement (the real node's in-place resize, issue 17, is
 not done yet): a 4 vCPU / 16 GiB CPU replica that keeps its memory (the loaded weights) and is
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -27,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from preheat.sim import cli
-from preheat.sim.bench import COLD_FILE, TRACES
 from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, plot_frontier, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
+
+from preheat_lab.bench_sim import COLD_FILE, TRACES, default_traces_dir
 
 CPU_WARM_FRACTION_STANDIN = 0.37
 WARM_FRACTIONS = (1.0, CPU_WARM_FRACTION_STANDIN)
@@ -75,7 +75,6 @@ def burst_check(path: Path, out: Path, rate_scale: float = 0.005, start_window: 
     same windows replayed as a Gamma renewal process (single requests, the recorded CV) and as Gamma
     step counts; fixed fleets of several sizes in both engines (SLO attainment side by side)."""
     import numpy as np
-
     from preheat.sim.baselines import Fixed
     from preheat.sim.bursts import renewal_arrivals
     from preheat.sim.run import SimSettings, simulate
@@ -181,9 +180,9 @@ def _margin_text(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m preheat.sim.bench_frontier", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m preheat_lab.bench_frontier", description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="bench-results")
-    ap.add_argument("--traces-dir", default=os.environ.get("PREHEAT_TRACES", "/work/shared/traces"))
+    ap.add_argument("--traces-dir", default=default_traces_dir())
     ap.add_argument("--only", help="comma list of trace keys")
     ap.add_argument("--colds", default=",".join(COLDS), help="comma list of cold-start keys: 30 s, measured, 300 s")
     ap.add_argument("--burst-check", action="store_true",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from preheat.plan import main
+from preheat.capacity import main
 
 
 def run_json(capsys, *args: str) -> dict:

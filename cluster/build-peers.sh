@@ -10,7 +10,9 @@
 # so each builds through a wrapper module that repeats them (as build-binaries.sh does for Kubernetes).
 # Each build's wall time and binary size go to $PREHEAT_CACHE/bin/.peers-builds.jsonl. The CRDs the
 # peers need (KEDA's config/crd/bases, AIBrix's PodAutoscaler) are copied from the same module versions
-# to $PREHEAT_CACHE/peers/<peer>-<version>/crds.
+# to $PREHEAT_CACHE/peers/<peer>-<version>/crds, and their upstream RBAC (ServiceAccount, roles and
+# bindings from config/) to .../rbac: lab/preheat_cluster/peers_*.py apply them as the upstream
+# kustomizations would.
 # Not part of `make test` yet (CI time budget): `make peers`.
 set -euo pipefail
 LOG_TAG=build-peers
@@ -58,14 +60,20 @@ wrapper_module() {
   (cd "$d" && GOFLAGS="$GOFLAGS -tags=tools -mod=mod" go mod tidy)
 }
 
-# copy_crds NAME MODULE VERSION FILE...: CRD manifests (paths inside the module) to the peers' cache.
-copy_crds() {
-  local name="$1" mod="$2" ver="$3"; shift 3
-  local dir dest="$PREHEAT_CACHE/peers/$name-$ver/crds"
+# copy_manifests NAME MODULE VERSION KIND FILE[:AS]...: manifests (paths inside the module) to the
+# peers' cache, $PREHEAT_CACHE/peers/NAME-VERSION/KIND (crds, rbac), each under its own base name or AS.
+copy_manifests() {
+  local name="$1" mod="$2" ver="$3" kind="$4"; shift 4
+  local dir f dest="$PREHEAT_CACHE/peers/$name-$ver/$kind"
   dir="$(go mod download -json "$mod@$ver" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
   mkdir -p "$dest"
-  for f in "$@"; do install -m 0644 "$dir/$f" "$dest/"; done
-  log "$name $ver: CRDs in $dest"
+  for f in "$@"; do
+    case "$f" in
+      *:*) install -m 0644 "$dir/${f%%:*}" "$dest/${f#*:}" ;;
+      *) install -m 0644 "$dir/$f" "$dest/" ;;
+    esac
+  done
+  log "$name $ver: $kind in $dest"
 }
 
 build_prometheus_adapter() {
@@ -84,11 +92,17 @@ build_prometheus_adapter() {
 
 build_keda() {
   local v="$KEDA_VERSION" ok=1
-  copy_crds keda github.com/kedacore/keda/v2 "$v" config/crd/bases/keda.sh_scaledobjects.yaml \
+  copy_manifests keda github.com/kedacore/keda/v2 "$v" crds config/crd/bases/keda.sh_scaledobjects.yaml \
     config/crd/bases/keda.sh_scaledjobs.yaml config/crd/bases/keda.sh_triggerauthentications.yaml \
     config/crd/bases/keda.sh_clustertriggerauthentications.yaml \
     config/crd/bases/eventing.keda.sh_cloudeventsources.yaml \
     config/crd/bases/eventing.keda.sh_clustercloudeventsources.yaml
+  # The operator's ServiceAccount and roles, and the metrics server's (auth delegation, the HPA
+  # controller's read access to external.metrics.k8s.io).
+  copy_manifests keda github.com/kedacore/keda/v2 "$v" rbac config/service_account/service_account.yaml \
+    config/rbac/role.yaml config/rbac/role_binding.yaml \
+    config/metrics-server/role.yaml:metrics_server_role.yaml \
+    config/metrics-server/role_binding.yaml:metrics_server_role_binding.yaml
   for b in keda-operator keda-adapter; do stamp_ok "$b" "$v" || ok=0; done
   [ "$ok" = 1 ] && { log "keda $v cached"; return; }
   local d="$work/keda-$v" t0=$SECONDS
@@ -109,7 +123,9 @@ build_keda() {
 
 build_aibrix() {
   local v="$AIBRIX_VERSION"
-  copy_crds aibrix github.com/vllm-project/aibrix "$v" config/crd/autoscaling/autoscaling.aibrix.ai_podautoscalers.yaml
+  copy_manifests aibrix github.com/vllm-project/aibrix "$v" crds config/crd/autoscaling/autoscaling.aibrix.ai_podautoscalers.yaml
+  copy_manifests aibrix github.com/vllm-project/aibrix "$v" rbac config/rbac/controller-manager/role.yaml \
+    config/rbac/controller-manager/role_binding.yaml config/rbac/controller-manager/service_account_controller_manager.yaml
   stamp_ok aibrix-controllers "$v" && { log "aibrix $v cached"; return; }
   local d="$work/aibrix-$v" t0=$SECONDS
   log "aibrix $v: wrapper module in $d"

@@ -264,8 +264,9 @@ class LocalCluster:
         env.pop("KUBECONFIG", None)
         return env
 
-    def _start(self, name: str, argv: list[str]) -> int:
-        p = procs.start(argv, log=self.logs_dir / f"{name}.log", env=self._env(), cwd=self.state_dir)
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Start a process of this cluster (recorded, marked, logged); `env` adds to its environment."""
+        p = procs.start(argv, log=self.logs_dir / f"{name}.log", env={**self._env(), **(env or {})}, cwd=self.state_dir)
         st = self._state()
         st.setdefault("pids", {})[name] = p.pid
         self._save_state(st)

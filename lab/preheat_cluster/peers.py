@@ -1,6 +1,7 @@
 """The autoscalers Preheat is compared with, run on the local cluster as their upstream projects deploy
-them. So far: prometheus-adapter (the HPA's custom metrics API, `sigs.k8s.io/prometheus-adapter`),
-built by `cluster/build-peers.sh prometheus-adapter`; the HPA itself is kube-controller-manager's.
+them: prometheus-adapter (the HPA's custom metrics API, `sigs.k8s.io/prometheus-adapter`), built by
+`cluster/build-peers.sh prometheus-adapter`; the HPA itself is kube-controller-manager's. KEDA
+(peers_keda.py) and AIBrix (peers_aibrix.py) use the helpers here.
 
 The adapter runs as a host process of the cluster (like the control plane; `down` stops it), with its
 own upstream ServiceAccount and RBAC (deploy/manifests of v0.12.0) and the upstream Deployment's
@@ -31,13 +32,65 @@ ADAPTER_RELIST = "1m"
 CUSTOM_METRICS_VERSIONS = ("v1beta1", "v1beta2")  # what custom-metrics-apiserver v1.30 serves
 
 
+def peer_binary(cluster: LocalCluster, name: str, build: str) -> Path:
+    """A built peer binary; a clear error naming the command that builds it when it is not there."""
+    p = cluster.bin_dir / name
+    if not os.access(p, os.X_OK):
+        raise ClusterError(f"{p} not found: run `bash cluster/build-peers.sh {build}`")
+    return p
+
+
 def adapter_binary(cluster: LocalCluster) -> Path:
     """The built adapter; a clear error (with the command that builds it) when it is not there."""
-    p = cluster.bin_dir / ADAPTER
-    if not os.access(p, os.X_OK):
-        raise ClusterError(f"{p} not found: run `bash cluster/build-peers.sh prometheus-adapter` "
-                           "(scripts/test.sh builds it beside the cluster's binaries)")
-    return p
+    return peer_binary(cluster, ADAPTER, "prometheus-adapter (scripts/test.sh builds it beside the cluster's binaries)")
+
+
+def peer_manifests(cluster: LocalCluster, peer: str, version: str, kind: str) -> list[dict]:
+    """The upstream manifests cluster/build-peers.sh copied from a peer's module (`kind`: crds, rbac),
+    every document of every file in name order."""
+    d = cluster.bin_dir.parent / "peers" / f"{peer}-{version}" / kind
+    files = sorted(d.glob("*.yaml"))
+    if not files:
+        raise ClusterError(f"no {kind} manifests in {d}: run `bash cluster/build-peers.sh {peer}`")
+    return [o for f in files for o in yaml.safe_load_all(f.read_text()) if o]
+
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "APIService"}
+
+
+def kustomize(objs: list[dict], *, namespace: str, name_prefix: str = "") -> list[dict]:
+    """What an upstream kustomization's `namespace:` and `namePrefix:` do to RBAC manifests: namespaced
+    objects move to `namespace`, every object's name gets the prefix, and the references follow (a
+    binding's roleRef and ServiceAccount subjects when they are `objs`' own). References to anything
+    else (system:auth-delegator, kube-system's horizontal-pod-autoscaler) and objects placed in another
+    namespace on purpose (kube-system's auth-reader binding) keep theirs. Pure."""
+    own = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    out = []
+    for o in objs:
+        o = json.loads(json.dumps(o))
+        md = o["metadata"]
+        if o["kind"] not in CLUSTER_SCOPED and md.get("namespace") in (None, "system"):
+            md["namespace"] = namespace
+        md["name"] = name_prefix + md["name"]
+        ref = o.get("roleRef")
+        if ref and (ref["kind"], ref["name"]) in own:
+            ref["name"] = name_prefix + ref["name"]
+        for sub in o.get("subjects", []):
+            if sub.get("kind") == "ServiceAccount" and ("ServiceAccount", sub["name"]) in own:
+                sub["name"], sub["namespace"] = name_prefix + sub["name"], namespace
+        out.append(o)
+    return out
+
+
+def endpoint_slice(service: str, namespace: str, address: str, ports: dict[str, int]) -> dict:
+    """Our EndpointSlice for a selector-less Service: `address` (the peers' address) with named ports."""
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": service, "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": service,
+                                    "endpointslice.kubernetes.io/managed-by": "preheat-lab"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+            "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports.items()]}
 
 
 def peer_address(cluster: LocalCluster) -> str:
@@ -91,13 +144,7 @@ def _routing_manifests(address: str, ca_bundle: bytes) -> list[dict]:
     metrics.k8s.io APIService skips verification; nothing needs that here)."""
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": ADAPTER, "namespace": ADAPTER_NAMESPACE},
            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": ADAPTER_PORT}]}}
-    eps = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": ADAPTER, "namespace": ADAPTER_NAMESPACE,
-                        "labels": {"kubernetes.io/service-name": ADAPTER,
-                                   "endpointslice.kubernetes.io/managed-by": "preheat-lab"}},
-           "addressType": "IPv4",
-           "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
-           "ports": [{"name": "https", "port": ADAPTER_PORT, "protocol": "TCP"}]}
+    eps = endpoint_slice(ADAPTER, ADAPTER_NAMESPACE, address, {"https": ADAPTER_PORT})
     api = [{"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
             "metadata": {"name": f"{v}.custom.metrics.k8s.io"},
             "spec": {"group": "custom.metrics.k8s.io", "version": v,
@@ -112,15 +159,23 @@ def _apply(cluster: LocalCluster, objs: list[dict]) -> None:
     kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump_all(objs))
 
 
-def _token_kubeconfig(cluster: LocalCluster, path: Path) -> None:
-    """A kubeconfig with a token of the adapter's ServiceAccount (what its pod would mount)."""
-    token = kubectl(cluster, "create", "token", ADAPTER, "-n", ADAPTER_NAMESPACE, "--duration=48h").strip()
+def apply_crds(cluster: LocalCluster, crds: list[dict], timeout_s: float = 60.0) -> None:
+    """Server-side apply (KEDA's ScaledObject CRD is over the 256 KiB a client-side apply's annotation
+    may hold), then wait until each is Established."""
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(crds))
+    names = [f"crd/{c['metadata']['name']}" for c in crds]
+    kubectl(cluster, "wait", "--for=condition=Established", f"--timeout={int(timeout_s)}s", *names)
+
+
+def _token_kubeconfig(cluster: LocalCluster, path: Path, sa: str = ADAPTER, namespace: str = ADAPTER_NAMESPACE) -> None:
+    """A kubeconfig with a token of a peer's ServiceAccount (what its pod would mount)."""
+    token = kubectl(cluster, "create", "token", sa, "-n", namespace, "--duration=48h").strip()
     cfg = {"apiVersion": "v1", "kind": "Config",
            "clusters": [{"name": "local", "cluster": {
                "server": cluster.api_server_url,
                "certificate-authority-data": base64.b64encode(cluster.pki.ca_crt.read_bytes()).decode()}}],
-           "users": [{"name": ADAPTER, "user": {"token": token}}],
-           "contexts": [{"name": "local", "context": {"cluster": "local", "user": ADAPTER}}],
+           "users": [{"name": sa, "user": {"token": token}}],
+           "contexts": [{"name": "local", "context": {"cluster": "local", "user": sa}}],
            "current-context": "local"}
     path.write_text(yaml.safe_dump(cfg))
     path.chmod(0o600)
@@ -131,7 +186,6 @@ def start_prometheus_adapter(cluster: LocalCluster, rules: dict, *, timeout_s: f
     server reports custom.metrics.k8s.io Available; returns the adapter's version. Idempotent."""
     binary = adapter_binary(cluster)
     pid = cluster.component_pids().get(ADAPTER)
-    from . import procs
     if pid and procs.alive(pid):
         return pinned_versions()["PROMETHEUS_ADAPTER_VERSION"]
     d = cluster.state_dir / "peers" / ADAPTER
@@ -157,15 +211,24 @@ def start_prometheus_adapter(cluster: LocalCluster, rules: dict, *, timeout_s: f
     return pinned_versions()["PROMETHEUS_ADAPTER_VERSION"]
 
 
-def wait_api_available(cluster: LocalCluster, names: list[str], timeout_s: float) -> None:
-    """Until every APIService is Available=True; the error carries the API server's reason and the
-    adapter's log tail."""
+def check_alive(cluster: LocalCluster, *names: str) -> None:
+    """A ClusterError with the log's tail when one of the peer processes `names` has exited."""
+    for name in names:
+        pid = cluster.component_pids().get(name)
+        if pid and not procs.alive(pid):
+            log = cluster.logs_dir / f"{name}.log"
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.exists() else "(no log)"
+            raise ClusterError(f"{name} exited; see {log}:\n{tail}")
+
+
+def wait_api_available(cluster: LocalCluster, names: list[str], timeout_s: float,
+                       procs_: tuple[str, ...] = (ADAPTER,)) -> None:
+    """Until every APIService is Available=True; the error carries the API server's reason, or the
+    serving process's log tail when it exited."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
-        pid = cluster.component_pids().get(ADAPTER)
-        if pid and not procs.alive(pid):
-            raise ClusterError(f"{ADAPTER} exited; see {cluster.logs_dir / (ADAPTER + '.log')}")
+        check_alive(cluster, *procs_)
         conds = []
         for n in names:
             obj = json.loads(kubectl(cluster, "get", "apiservice", n, "-o", "json"))

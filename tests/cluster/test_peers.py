@@ -1,18 +1,23 @@
 """The autoscalers Preheat is compared with, scaling the model server on the local cluster (issue 18).
 
-The real HPA (kube-controller-manager's, every setting its default) reads the model server's request
-rate from Prometheus through the real prometheus-adapter v0.12.0 (cluster/build-peers.sh; scripts/test.sh
-builds it) behind the API server's aggregation layer. A missing adapter binary fails the test with the
-command that builds it."""
+- The real HPA (kube-controller-manager's, every setting its default) reads the model server's request
+  rate from Prometheus through the real prometheus-adapter v0.12.0 behind the API server's aggregation
+  layer.
+- An AIBrix v0.7.0 PodAutoscaler (KPA) on `vllm:num_requests_running`, scraped from each pod by the
+  PodAutoscaler controller itself.
+
+Each peer's binary comes from cluster/build-peers.sh; a missing one fails its test with the command
+that builds it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -169,3 +174,64 @@ def _quantity(q: str) -> float:
     """A Kubernetes quantity as the metrics APIs write it ("1500m", "2", "3k")."""
     from kubernetes.utils.quantity import parse_quantity
     return float(parse_quantity(q))
+
+
+@contextlib.contextmanager
+def _under_load(kube_api, namespace: str, name: str, start: Callable[[], Any]) -> Iterator[_Traffic]:
+    """The model server's Deployment `name` with one Ready replica, closed-loop traffic at it, then the
+    peer started by `start` (a ClusterError, e.g. a missing binary, fails the test with its message);
+    the traffic runs until the block ends."""
+    from preheat_cluster import ClusterError
+
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    selector = ",".join(f"{k}={v}" for k, v in common_labels(name).items())
+    apps.create_namespaced_deployment(namespace, _model_server_deployment(name))
+    wait_for("the model server's first replica Ready",
+             lambda: [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items if ready(p)], 240)
+    with _Traffic(core, namespace, selector) as traffic:
+        try:
+            start()
+        except ClusterError as e:
+            pytest.fail(str(e), pytrace=False)
+        yield traffic
+
+
+def _cluster(local_cluster):
+    if local_cluster.cluster is None:
+        pytest.fail("this test runs a peer beside the local cluster (not on an external cluster)")
+    return local_cluster.cluster
+
+
+def test_aibrix_podautoscaler_scales_model_server_on_vllm_num_requests_running(
+        local_cluster, kube_api, namespace) -> None:
+    from preheat_cluster.peers_aibrix import pod_autoscaler, start_aibrix
+
+    cluster = _cluster(local_cluster)
+    name = "aibrix-tiny"
+    apps, custom = client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    # Three closed-loop clients on one replica keep about 2 requests running (the tiny model's batch):
+    # twice the target of 1 per replica, which AIBrix's KPA answers by scaling up.
+    with _under_load(kube_api, namespace, name, lambda: start_aibrix(cluster)) as traffic:
+        custom.create_namespaced_custom_object("autoscaling.aibrix.ai", "v1alpha1", namespace, "podautoscalers",
+                                               pod_autoscaler(name, metric="num_requests_running", target="1"))
+
+        def scaled_up() -> dict | None:
+            pa = custom.get_namespaced_custom_object("autoscaling.aibrix.ai", "v1alpha1", namespace,
+                                                     "podautoscalers", name)
+            dep = apps.read_namespaced_deployment(name, namespace)
+            return pa if pa.get("status", {}).get("desiredScale", 0) > 1 and dep.spec.replicas > 1 else None
+
+        pa = wait_for("AIBrix's PodAutoscaler to scale the Deployment above 1 replica", scaled_up, 240, interval=2)
+        assert traffic.sent > 0
+    st = pa["status"]
+    conds = {c["type"]: c for c in st.get("conditions", [])}
+    print(f"AIBrix: {st.get('actualScale')} -> {st.get('desiredScale')}, "
+          f"conditions {[(c['type'], c['status'], c['reason']) for c in conds.values()]}, "
+          f"history {st.get('scalingHistory')}")
+    assert conds["AbleToScale"]["status"] == "True", conds
+    events = client.CoreV1Api(kube_api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=PodAutoscaler").items
+    print("AIBrix events:", [(e.reason, e.message) for e in events])
+    # "New size: N; reason: ..." from its reconcile, after an AlgorithmRun on the scraped metric.
+    assert any(e.reason == "SuccessfulRescale" and "above target" in (e.message or "") for e in events), \
+        [(e.reason, e.message) for e in events]

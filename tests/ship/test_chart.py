@@ -272,7 +272,7 @@ _KOPF = {
 def operator_api_calls() -> set[tuple[str, str, str]]:
     """(group, resource[/subresource], verb) of every Kubernetes client call in the operator's runtime code."""
     calls = set()
-    pattern = re.compile(r"\.(read|list|create|patch|replace|delete)_namespaced_(\w+?)(_status|_scale)?\(")
+    pattern = re.compile(r"\.(read|list|create|patch|replace|delete)_namespaced_(\w+?)(_status|_scale|_resize)?\(")
     for path in (REPO / "operator" / "preheat" / "controller").glob("*.py"):
         if path.name.startswith("bench"):  # benchmarks run as the cluster admin, not as the operator
             continue

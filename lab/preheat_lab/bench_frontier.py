@@ -1,5 +1,5 @@
 """`make bench-frontier` (lab: `preheat_lab.bench_frontier`): the cost-SLO frontier of every policy on every trace in the shared folder x
-cold start {30 s, measured, 300 s} x warm cost fraction {1.0, a CPU stand-in}.
+cold start {30 s, measured, 300 s} x warm cost fraction {1.0, the measured CPU fraction 0.414}.
 
 Runs what `preheat frontier` runs, on one prepared workload per (trace, cold start): the baselines
 have no warm pool, so their frontier is the same at every warm cost fraction and runs once; Preheat
@@ -8,10 +8,12 @@ fractions, one PNG per (trace, cold start) and the README table (Markdown) with 
 
     python -m preheat_lab.bench_frontier --out-dir bench-results [--only m-small] [--colds 30,300]
 
-The CPU fraction is a STAND-IN, not a measurement (the real node's in-place resize, issue 17, is
-not done yet): a 4 vCPU / 16 GiB CPU replica that keeps its memory (the loaded weights) and is
-resized to 0.1 vCPU while warm, priced at 0.033 USD per vCPU-hour and 0.0045 USD per GiB-hour
-(typical on-demand list prices): (0.1 x 0.033 + 16 x 0.0045) / (4 x 0.033 + 16 x 0.0045) = 0.37.
+The CPU fraction is measured (issue 17, `bench-results/warm-resize-real-node.json`): on a real node
+(kubelet v1.37.2, containerd 2.4.2) the operator resizes a Ready preheat-server pod in place from its
+serving size, 1 CPU / 4 GiB, to the warm size, 100m / 4 GiB (the model stays loaded), and back on
+promotion; priced as cores + GiB x 0.134 (GCP on-demand N2: $0.004237 per GiB-hour / $0.031611 per
+vCPU-hour), (0.1 + 4 x 0.134) / (1 + 4 x 0.134) = 0.414. Earlier tables used 0.37, a priced stand-in
+for a 4 vCPU / 16 GiB replica before the resize existed.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from preheat.sim.traces import load_cold_start, load_trace
 
 from preheat_lab.bench_sim import COLD_FILE, TRACES, default_traces_dir
 
-CPU_WARM_FRACTION_STANDIN = 0.37
-WARM_FRACTIONS = (1.0, CPU_WARM_FRACTION_STANDIN)
+# Measured on a real node (bench-results/warm-resize-real-node.json, warm_cost_fraction_measured).
+CPU_WARM_FRACTION = 0.414
+WARM_FRACTIONS = (1.0, CPU_WARM_FRACTION)
 COLDS = {"30 s": "30", "measured": None, "300 s": "300"}
 
 
@@ -58,7 +61,9 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path) -
         "cold_start": cold.label, "slo_ms": settings.slo_ms, "bursty": settings.bursty,
         "utilizations": list(UTILIZATIONS), "slo_targets": list(SLO_TARGETS),
         "command": "preheat frontier " + " ".join(argv) + " --warm-cost-fraction F",
-        "warm_cost_fractions": by_fraction, "cpu_warm_fraction_is_a_standin": True,
+        "warm_cost_fractions": by_fraction,
+        "cpu_warm_fraction_source": "measured: bench-results/warm-resize-real-node.json (1 CPU / 4 GiB serving, "
+                                    "100m / 4 GiB warm, cores + GiB x 0.134)",
         "cpu_s": time.process_time() - started, "machine": machine(),
     }
     stem = f"frontier-{key}-{cold_key.replace(' ', '')}"
@@ -149,7 +154,7 @@ def markdown(docs: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 4 + "---:|" * (len(names) + 3)]
     for d in docs:
         for f, res in d["warm_cost_fractions"].items():
-            label = f if f == "1" else f"{f} (stand-in)"
+            label = f if f == "1" else (f"{f} (stand-in)" if d.get("cpu_warm_fraction_is_a_standin") else f"{f} (CPU)")
             for target, row in res["rows"].items():
                 def h(x: float | None) -> str:
                     return "—" if x is None else f"{x / 3600:.1f}"

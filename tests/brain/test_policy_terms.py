@@ -406,10 +406,22 @@ def test_a_stale_sample_keeps_the_burst_envelope() -> None:
     assert d.serving + d.warm >= 8 and "burst envelope" in d.detail, d.detail
 
 
-def test_the_margin_serves_when_a_warm_replica_costs_what_a_serving_one_does() -> None:
+def test_the_point_forecast_serves_and_the_margin_waits_warm_only_where_warm_is_cheaper() -> None:
     cheap = BASE.with_(warm_pool_max=5)
     d, _ = decide(cheap, PolicyState(), obs(0, 40.0, 4), forecast_value=100.0, forecast_upper=140.0)
     assert (d.serving, d.warm) == (10, 4)  # point forecast serves, the upper margin waits warm
     full = cheap.with_(warm_cost_fraction=1.0)
     d, _ = decide(full, PolicyState(), obs(0, 40.0, 4), forecast_value=100.0, forecast_upper=140.0)
-    assert (d.serving, d.warm) == (14, 0)  # same price: the margin serves now instead of after a promotion
+    # same price: U is the serving headroom, the margin is not paid for a second time
+    assert (d.serving, d.warm) == (10, 0)
+
+
+def test_freed_replicas_wait_warm_only_where_warm_is_cheaper() -> None:
+    # 10 replicas were asked for in total a moment ago; the need is now 4 (serving's window agrees)
+    cfg = BASE.with_(warm_pool_max=3, scale_down_stabilization_s=300.0, max_scale_down_rate=10.0)
+    state = PolicyState(last_serving=10, last_warm=0, serving_recommendations=((0.0, 4),),
+                        total_recommendations=((0.0, 10),), last_data_s=0.0)
+    d, _ = decide(cfg, state, obs(15, 40.0, 10))
+    assert (d.serving, d.warm) == (4, 3)  # cheaper warm: freed replicas are demoted for the window
+    d, _ = decide(cfg.with_(warm_cost_fraction=1.0), state, obs(15, 40.0, 10))
+    assert (d.serving, d.warm) == (4, 0)  # same price: a warm replica would cost what it cost serving

@@ -397,8 +397,9 @@ class WarmPoolSpec(_Model):
         default=None, gt=0.0, le=1.0,
         description="What a warm replica costs relative to a serving one. Default: from warmPool.resources "
         "(requests priced as cores + GiB x memoryCostPerGib), 1.0 without them (a GPU held idle costs the same). "
-        "Below 1 the forecast's safety margin waits in the warm pool; at 1 it serves, since a warm replica would "
-        "cost the same and serve only after a promotion.",
+        "Serving is sized by the point forecast at the target utilization. Below 1 the forecast's safety margin "
+        "and the replicas freed by a scale-down wait in the warm pool; at 1 neither does, since a warm replica "
+        "would cost what a serving one costs and serve only after a promotion.",
     )
     burst_threshold: float = Field(
         default=1.5, ge=1.0, le=10.0,  # PolicyConfig.burst_threshold (a test keeps them equal)
@@ -454,8 +455,8 @@ class ScalingSpec(_Model):
     warm_pool: WarmPoolSpec = _sub(WarmPoolSpec)
     scale_down_stabilization_seconds: int | None = Field(
         default=None, ge=0, le=86400,
-        description="Scale-down stabilization window. Default: 300 s (HPA's), and when forecasting at least the lead "
-        "time (capacity given back cannot be back sooner).",
+        description="Scale-down stabilization window. Default: 300 s (HPA's), and when forecasting at least twice the "
+        "lead time (capacity given back costs a lead time of start-up and a lead time of unserved demand to get back).",
     )
     scale_to_zero: bool = False
     interval_seconds: float = Field(

@@ -20,8 +20,7 @@ binaries:
 	bash cluster/build-binaries.sh all
 
 # The real autoscalers Preheat is compared with (prometheus-adapter for the HPA, KEDA, AIBrix), from their
-# Go modules. `make test` builds prometheus-adapter and AIBrix; KEDA (~40 min cold on 2 cores) only here, and
-# its test skips until it is built. Build times and sizes: $(PREHEAT_CACHE)/bin/.peers-builds.jsonl.
+# Go modules; `make test` builds them too (scripts/test.sh). Build times and sizes: $(PREHEAT_CACHE)/bin/.peers-builds.jsonl.
 peers:
 	nice -n 15 bash cluster/build-peers.sh all
 

@@ -13,7 +13,7 @@
 # to $PREHEAT_CACHE/peers/<peer>-<version>/crds, and their upstream RBAC (ServiceAccount, roles and
 # bindings from config/) to .../rbac: lab/preheat_cluster/peers_*.py apply them as the upstream
 # kustomizations would.
-# Not part of `make test` yet (CI time budget): `make peers`.
+# `make peers` builds all; `make test` (scripts/test.sh) builds each after the cluster's binaries.
 set -euo pipefail
 LOG_TAG=build-peers
 # shellcheck source-path=SCRIPTDIR source=lib.sh

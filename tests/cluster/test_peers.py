@@ -3,11 +3,13 @@
 - The real HPA (kube-controller-manager's, every setting its default) reads the model server's request
   rate from Prometheus through the real prometheus-adapter v0.12.0 behind the API server's aggregation
   layer.
+- A KEDA v2.21.0 ScaledObject with a `prometheus` trigger on Preheat's own rate query: keda-operator
+  creates the HPA, which reads the query's value through keda-adapter (external.metrics.k8s.io).
 - An AIBrix v0.7.0 PodAutoscaler (KPA) on `vllm:num_requests_running`, scraped from each pod by the
   PodAutoscaler controller itself.
 
-Each peer's binary comes from cluster/build-peers.sh; a missing one fails its test with the command
-that builds it."""
+Each peer's binary comes from cluster/build-peers.sh (scripts/test.sh builds all three); a missing one
+fails its test with the command that builds it."""
 
 from __future__ import annotations
 
@@ -133,11 +135,14 @@ def test_real_hpa_scales_model_server_on_request_rate_through_prometheus_adapter
             pytest.fail(str(e), pytrace=False)
 
         # The custom metrics API answers from Prometheus data: the adapter's rate for the pod.
+        # NotFound (empty output) until the adapter's series list holds the pod's: it lists at start and
+        # every --metrics-relist-interval (1m), and Prometheus may not have scraped the pod at its start.
         def metric_values() -> list[dict] | None:
             sel = urllib.parse.quote(selector)
             raw = kubectl(cluster, "get", "--raw",
-                          f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/*/{METRIC}?labelSelector={sel}")
-            items = json.loads(raw)["items"]
+                          f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/*/{METRIC}?labelSelector={sel}",
+                          check=False)
+            items = json.loads(raw)["items"] if raw.strip() else []
             return items if items and all(float(_quantity(i["value"])) > 0 for i in items) else None
 
         values = wait_for(f"custom.metrics.k8s.io to serve {METRIC} > 0 for the pod", metric_values, 180, interval=2)
@@ -200,6 +205,75 @@ def _cluster(local_cluster):
     if local_cluster.cluster is None:
         pytest.fail("this test runs a peer beside the local cluster (not on an external cluster)")
     return local_cluster.cluster
+
+
+def test_keda_scaledobject_scales_model_server_on_preheats_rate_query(local_cluster, kube_api, namespace) -> None:
+    from preheat.controller.observe import default_queries
+    from preheat.controller.spec import PrometheusSpec
+    from preheat_cluster.launcher import kubectl
+    from preheat_cluster.peers_keda import scaled_object, start_keda
+
+    cluster = _cluster(local_cluster)
+    name = "keda-tiny"
+    # Preheat's own stable-window rate query for this endpoint (operator/preheat/controller/observe.py).
+    p = PrometheusSpec()
+    query = default_queries(namespace, name, p.window, p.panic_window)["rate"]
+    apps, custom = client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    with _under_load(kube_api, namespace, name, lambda: start_keda(cluster)) as traffic:
+        custom.create_namespaced_custom_object("keda.sh", "v1alpha1", namespace, "scaledobjects", scaled_object(
+            name, query=query, threshold=str(TARGET_PER_REPLICA), server_address=cluster.prometheus_url))
+
+        # The external metrics API answers through keda-adapter -> keda-operator (gRPC) -> Prometheus.
+        def metric_value() -> float | None:
+            sel = urllib.parse.quote(f"scaledobject.keda.sh/name={name}")
+            raw = kubectl(cluster, "get", "--raw",
+                          f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/s0-prometheus?labelSelector={sel}",
+                          check=False)
+            items = json.loads(raw)["items"] if raw.strip() else []
+            v = _quantity(items[0]["value"]) if items else 0.0
+            return v if v > 0 else None
+
+        wait_for("external.metrics.k8s.io to serve s0-prometheus > 0 for the ScaledObject", metric_value, 180, interval=2)
+
+        def scaled_up() -> dict | None:
+            try:
+                hpa = custom.get_namespaced_custom_object(
+                    "autoscaling", "v2", namespace, "horizontalpodautoscalers", f"keda-hpa-{name}")
+            except client.ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+            dep = apps.read_namespaced_deployment(name, namespace)
+            return hpa if hpa.get("status", {}).get("desiredReplicas", 0) > 1 and dep.spec.replicas > 1 else None
+
+        hpa = wait_for("KEDA's HPA to scale the Deployment above 1 replica", scaled_up, 240, interval=2)
+        assert traffic.sent > 0
+        # KEDA's own loop (every pollingInterval, 30 s) finds the trigger active; the HPA may have
+        # scaled before its first poll.
+        def so_conditions() -> dict | None:
+            so = custom.get_namespaced_custom_object("keda.sh", "v1alpha1", namespace, "scaledobjects", name)
+            c = {c["type"]: c for c in so.get("status", {}).get("conditions", [])}
+            return c if c.get("Active", {}).get("status") == "True" else None
+
+        so_conds = wait_for("the ScaledObject Active", so_conditions, 90, interval=2)
+    st = hpa["status"]
+    print(f"KEDA: ScaledObject {[(c['type'], c['status'], c.get('reason')) for c in so_conds.values()]}; "
+          f"HPA {st.get('currentReplicas')} -> {st.get('desiredReplicas')}, current {st['currentMetrics']}")
+    assert so_conds["Ready"]["status"] == "True", so_conds
+    # KEDA made the HPA: owned by the ScaledObject, an External metric per trigger, the threshold as the
+    # per-replica AverageValue target.
+    assert hpa["metadata"]["ownerReferences"][0]["kind"] == "ScaledObject"
+    metric = hpa["spec"]["metrics"][0]
+    assert metric["type"] == "External" and metric["external"]["metric"]["name"] == "s0-prometheus", metric
+    assert _quantity(metric["external"]["target"]["averageValue"]) == pytest.approx(TARGET_PER_REPLICA)
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["ScalingActive"]["status"] == "True" and conds["ScalingActive"]["reason"] == "ValidMetricFound", conds
+    current = st["currentMetrics"][0]["external"]
+    assert _quantity(current["current"]["averageValue"]) > TARGET_PER_REPLICA, current
+    events = client.CoreV1Api(kube_api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name=keda-hpa-{name}").items
+    assert any(e.reason == "SuccessfulRescale" and "s0-prometheus" in (e.message or "") for e in events), \
+        [(e.reason, e.message) for e in events]
 
 
 def test_aibrix_podautoscaler_scales_model_server_on_vllm_num_requests_running(

@@ -1,8 +1,11 @@
-"""Unit tests of the peers' manifest builders (preheat_cluster.peers, peers_aibrix): no
+"""Unit tests of the peers' manifest builders (preheat_cluster.peers, peers_keda, peers_aibrix): no
 cluster, no binaries. The upstream RBAC here is a trimmed copy of what cluster/build-peers.sh copies
 (AIBrix v0.7.0 config/rbac/controller-manager, KEDA v2.21.0 config/rbac and config/metrics-server)."""
 
 from __future__ import annotations
+
+import base64
+import json
 
 import pytest
 import yaml
@@ -73,6 +76,38 @@ def test_aibrix_pod_autoscaler_scrapes_pods_for_a_vllm_metric() -> None:
     objs = rbac_manifests(AIBRIX_RBAC)
     assert objs[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "aibrix-system"}}
     assert {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"} == {SERVICE_ACCOUNT}
+
+
+def test_keda_scaled_object_has_one_prometheus_trigger_and_keda_defaults() -> None:
+    from preheat_cluster.peers_keda import scaled_object
+
+    q = 'sum(rate(preheat:requests_received_total{namespace="ns",endpoint="m"}[1m]))'
+    so = scaled_object("m", query=q, threshold="0.5", server_address="http://127.0.0.1:9090")
+    assert so["apiVersion"] == "keda.sh/v1alpha1" and so["kind"] == "ScaledObject"
+    spec = so["spec"]
+    assert spec["scaleTargetRef"] == {"name": "m"}  # apps/v1 Deployment is KEDA's default target
+    assert spec["triggers"] == [{"type": "prometheus", "metadata": {
+        "serverAddress": "http://127.0.0.1:9090", "query": q, "threshold": "0.5"}}]
+    # KEDA's own defaults for polling, cooldown and the HPA's behavior: none is set here.
+    assert not {"pollingInterval", "cooldownPeriod", "advanced", "fallback"} & set(spec)
+
+
+def test_keda_manifests_route_external_metrics_to_the_peer_address() -> None:
+    from preheat_cluster.peers_keda import ADAPTER_PORT, keda_manifests
+
+    objs = keda_manifests(KEDA_RBAC, "198.18.16.255", b"CA PEM")
+    kinds = [o["kind"] for o in objs]
+    assert kinds[0] == "Namespace" and kinds[-1] == "APIService"  # the APIService last: applied once serving
+    svc = next(o for o in objs if o["kind"] == "Service")
+    assert "selector" not in svc["spec"] and svc["spec"]["ports"][0]["targetPort"] == ADAPTER_PORT
+    eps = next(o for o in objs if o["kind"] == "EndpointSlice")
+    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    assert eps["endpoints"][0]["addresses"] == ["198.18.16.255"] and eps["ports"][0]["port"] == ADAPTER_PORT
+    api = objs[-1]
+    assert api["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
+    assert api["spec"]["service"] == {"name": svc["metadata"]["name"], "namespace": "keda", "port": 443}
+    assert base64.b64decode(api["spec"]["caBundle"]) == b"CA PEM"
+    json.dumps(objs)  # plain data, as kubectl apply gets it
 
 
 def test_missing_peer_binary_and_manifests_name_the_build_command(tmp_path) -> None:

@@ -283,6 +283,27 @@ def test_a_queue_promotes_the_warm_pool_before_any_rate_moves() -> None:
     assert "16 running + 10 waiting" in d.detail
 
 
+def test_queue_promotions_return_to_the_warm_pool_after_the_panic_where_warm_is_cheaper() -> None:
+    cfg = SLOTS.with_(scale_down_stabilization_s=600.0, max_scale_down_rate=10.0)
+
+    def run(c: PolicyConfig) -> list:
+        d, state = decide(c, PolicyState(), obs(0.0, 20.0, 4, running=16.0, queue=10.0, warm_ready=2))
+        out = [d]
+        for t in range(15, 181, 15):  # the queue is gone; the rates still need 2 replicas
+            d, state = decide(c, state, obs(float(t), 20.0, d.serving, running=8.0, queue=0.0))
+            out.append(d)
+        return out
+
+    cheap, full = run(cfg), run(cfg.with_(warm_cost_fraction=1.0))
+    assert cheap[0].serving == full[0].serving == 6  # the queue promotes the 2 warm replicas
+    # W < 1: once the panic is over (a stable window after the last queue), the 4 replicas the queue
+    # needed go back to the warm pool (promoted again in seconds), the Deployment's total is kept
+    after = [d for d in cheap if d.time_s >= 60.0]
+    assert all(not d.panic and d.serving == 2 and d.total == 6 for d in after), [(d.serving, d.warm) for d in after]
+    # W = 1: a warm replica costs what a serving one does, so they stay serving for the window
+    assert all(d.serving == 6 for d in full)
+
+
 def test_queue_cold_start_rate_lets_the_queue_order_cold_starts() -> None:
     cfg = SLOTS.with_(queue_cold_start_rate=1.0)
     d, _ = decide(cfg, PolicyState(), obs(0.0, 20.0, 4, running=16.0, queue=10.0, warm_ready=2))

@@ -176,7 +176,7 @@ def decide_measured(
     recommendation, reason, panic_max = _recommend(config, needs, fc, current, in_panic, panic_max, notes)
 
     window = stabilization_window_s(config, lead)
-    serving_queue = serving_recs.record(now, recommendation, window)
+    serving_queue = serving_recs.record(now, _held(config, needs, fc, recommendation, in_panic), window)
     serving, reason = _stabilize(config, serving_queue, now, window, recommendation, reason, current, notes)
     zero_since, to_zero = _scale_to_zero(config, state, now, needs, fc.upper, serving, in_panic, notes)
     serving, reason = _bound(config, serving, reason, to_zero, notes)
@@ -205,6 +205,16 @@ def decide_measured(
         burst_needs=burst_queue,
     )
     return decision, new_state
+
+
+def _held(config: PolicyConfig, needs: _Needs, fc: _Forecast, recommendation: int, in_panic: bool) -> int:
+    """What the scale-down window remembers of this recommendation. Where a warm replica is cheaper,
+    replicas promoted because requests queue now (the model server's gauges) are not held serving for
+    the window: when the panic ends they go back to the warm pool (the total is stabilized), and the
+    next queue promotes them again in seconds. What the rate signals and the forecast need is held."""
+    if not (in_panic and config.warm_pays and config.concurrency_per_replica is not None):
+        return recommendation
+    return min(recommendation, max(needs.reactive, fc.term, replicas_needed(needs.value_panic, config)))
 
 
 @dataclass(frozen=True, slots=True)

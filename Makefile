@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries peers node-binaries images cluster-up-real shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-sim bench-frontier bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -79,6 +79,16 @@ bench-engine: setup
 
 bench-http: setup
 	$(PY) model-server/bench/bench_http.py --out bench-results/http.json
+
+# Issue 19: preheat-server beside the llama.cpp server (xllamacpp), CTranslate2 and transformers on the same
+# SmolLM2-135M weights, the machine's bandwidth/FLOP roofline, MiniLM vs sentence-transformers (~20-25 min on
+# 2 cores; README "Side by side"). The peers are lab tools, installed here on demand, not by `make setup`.
+PEERS_PIP := xllamacpp==2026.10.11549 ctranslate2==4.8.5 sentence-transformers
+bench-peers: setup
+	@$(PY) -c "import xllamacpp, ctranslate2, sentence_transformers" 2>/dev/null || $(PY) -m pip install -q $(PEERS_PIP)
+	@command -v mbw >/dev/null || { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  export DEBIAN_FRONTEND=noninteractive; { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq mbw >/dev/null; } || echo "mbw not installed: torch's read/copy figures only"; }
+	$(PY) model-server/bench/bench_peers.py --out bench-results/peers.json
 
 bench-sim: setup
 	$(PY) -m preheat_lab.bench_sim --out bench-results/simulate.json

@@ -43,15 +43,18 @@ WORDS = [
 # ---- server processes ----
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_dir: Path, name: str) -> None:
+    """A preheat-server process (or, with ``command``, another server that logs 'listening on URL')."""
+
+    ready_path = "/health/ready"
+
+    def __init__(self, args: list[str], log_dir: Path, name: str, command: list[str] | None = None) -> None:
         self.log_path = log_dir / f"{name}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("POD_IP", None)
         self.started = time.time()
         self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "preheat_server", *args, "--host", "127.0.0.1",
-                                      "--port", "0"],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        command = command or [sys.executable, "-m", "preheat_server", *args, "--host", "127.0.0.1", "--port", "0"]
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         self.url = ""
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout_s: float = 900) -> float:
@@ -65,7 +68,7 @@ class ServerProcess:
                 self.url = m.group(1) if m else ""
             if self.url:
                 try:
-                    async with session.get(self.url + "/health/ready") as r:
+                    async with session.get(self.url + self.ready_path) as r:
                         if r.status == 200:
                             return time.time() - self.started
                 except aiohttp.ClientError:

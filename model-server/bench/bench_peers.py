@@ -256,6 +256,18 @@ def targets_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def profile_lines(result: dict[str, Any]) -> str:
+    """One line per profiled precision: where a c=1 decode step goes against the bandwidth floor."""
+    out = []
+    for p in result.get("profile") or []:
+        top = ", ".join(f"{o['op']} {o['self_ms_per_step']:.1f} ms" for o in p["top_ops"][:3])
+        out.append(f"- {p['precision']}: a c=1 decode step takes {p['step_p50_ms']:.1f} ms in process "
+                   f"({p['per_layer_ms']:.2f} ms per layer, {p['ops_per_step']:.0f} profiled ops per step; top: {top}); "
+                   f"reading its weights once at the measured bandwidth takes "
+                   f"{p.get('bandwidth_floor_ms_per_step', float('nan')):.1f} ms")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------- the machine's limits
 
 def measure_bandwidth(threads: int) -> dict[str, Any]:
@@ -635,8 +647,11 @@ def profile_decode(precision: str, threads: int, steps: int = 24) -> dict[str, A
     total = sum(e.self_cpu_time_total for e in rows) or 1
     step = pct(times, 50)
     layers = loaded.config.num_hidden_layers
+    matmul = sum(e.self_cpu_time_total for e in rows if re.search(r"linear|_mm|::mm|addmm|matmul|pack", e.key))
     return {"precision": precision, "step_p50_ms": step * 1000, "per_layer_ms": step * 1000 / layers,
-            "steps": steps, "ops_per_step": sum(e.count for e in rows) / steps,
+            "in_process_tokens_per_s": 1 / step, "steps": steps, "ops_per_step": sum(e.count for e in rows) / steps,
+            "ops_self_ms_per_step": total / 1000 / steps, "matmul_self_ms_per_step": matmul / 1000 / steps,
+            "note": "self CPU times under the profiler (its overhead included); step_p50_ms is measured without it",
             "top_ops": [{"op": e.key, "calls_per_step": e.count / steps,
                          "self_ms_per_step": e.self_cpu_time_total / 1000 / steps,
                          "share": e.self_cpu_time_total / total} for e in rows[:12]]}
@@ -724,7 +739,7 @@ async def decode_section(args: argparse.Namespace, session: aiohttp.ClientSessio
     for precision in args.precisions:
         sweep = precision in args.sweep_precisions
         server = ServerProcess(["--model", MODEL, "--precision", precision, "--max-num-seqs", str(max(args.levels)),
-                                "--max-num-batched-tokens", "2048", "--max-queue", "1024",
+                                "--max-num-batched-tokens", "2048", "--max-queue", "1024", "--kv-cache-blocks", "1024",
                                 "--completion-cache-size", "0", "--no-prefix-caching"], log_dir, f"preheat-{precision}")
         try:
             row, swept = await bench_server(session, server, "preheat-server", precision, prompts, args, sweep)
@@ -831,6 +846,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     missed = [p for p, t in result["targets"].items() if t.get("c1_met") is False]
     if "profile" in args.sections and missed:
         result["profile"] = [profile_decode(p, args.threads) for p in missed]
+        for prof in result["profile"]:
+            roof = result["roofline"][f"preheat-server/{prof['precision']}"]
+            prof["bandwidth_floor_ms_per_step"] = 1000 / roof["roofline_tokens_per_s"]
     result["machine_after"] = machine_record()
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result["logs"] = str(log_dir)
@@ -858,7 +876,8 @@ def main() -> int:
     args = p.parse_args()
     if args.table:
         result = json.loads(args.table.read_text())
-        print("\n\n".join([decode_table(result), targets_table(result), sweep_table(result), embeddings_table(result)]))
+        print("\n\n".join([decode_table(result), targets_table(result), sweep_table(result), embeddings_table(result),
+                         profile_lines(result)]))
         return 0
     if len(args.levels) != len(args.requests):
         p.error("--levels and --requests need the same length")
@@ -867,7 +886,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
-    print("\n\n".join([decode_table(result), targets_table(result), sweep_table(result), embeddings_table(result)]))
+    print("\n\n".join([decode_table(result), targets_table(result), sweep_table(result), embeddings_table(result),
+                         profile_lines(result)]))
     return 0
 
 

@@ -136,3 +136,13 @@ def test_tables(bp):
     assert "| llama.cpp | Q8_0 | 2 | 30 | 120.0 | 50 / 200 | 30 / – |" in bp.sweep_table(result)
     assert "| 250.0 | 25% |" in bp.embeddings_table(result)
     assert "did not run" in bp.embeddings_table({"embeddings": {"error": "ImportError: x"}})
+
+
+def test_profile_lines(bp):
+    result = {"profile": [{"precision": "int8", "step_p50_ms": 40.0, "per_layer_ms": 40 / 30, "ops_per_step": 3000,
+                           "bandwidth_floor_ms_per_step": 7.5,
+                           "top_ops": [{"op": "aten::_weight_int8pack_mm", "self_ms_per_step": 20.0}]}]}
+    line = bp.profile_lines(result)
+    assert line.startswith("- int8: a c=1 decode step takes 40.0 ms in process (1.33 ms per layer, 3000 profiled")
+    assert "aten::_weight_int8pack_mm 20.0 ms" in line and line.endswith("7.5 ms")
+    assert bp.profile_lines({}) == ""

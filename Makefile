@@ -84,11 +84,12 @@ bench-http: setup
 # SmolLM2-135M weights, the machine's bandwidth/FLOP roofline, MiniLM vs sentence-transformers (~20-25 min on
 # 2 cores; README "Side by side"). The peers are lab tools, installed here on demand, not by `make setup`.
 PEERS_PIP := xllamacpp==2026.10.11549 ctranslate2==4.8.5 sentence-transformers
+PEERS_ARGS ?=
 bench-peers: setup
 	@$(PY) -c "import xllamacpp, ctranslate2, sentence_transformers" 2>/dev/null || $(PY) -m pip install -q $(PEERS_PIP)
 	@command -v mbw >/dev/null || { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  export DEBIAN_FRONTEND=noninteractive; { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq mbw >/dev/null; } || echo "mbw not installed: torch's read/copy figures only"; }
-	$(PY) model-server/bench/bench_peers.py --out bench-results/peers.json
+	$(PY) model-server/bench/bench_peers.py --out bench-results/peers.json $(PEERS_ARGS)
 
 bench-sim: setup
 	$(PY) -m preheat_lab.bench_sim --out bench-results/simulate.json

@@ -221,11 +221,11 @@ def decode_table(result: dict[str, Any]) -> str:
 
 
 def sweep_table(result: dict[str, Any]) -> str:
-    lines = ["| server | weights | offered req/s | done | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |",
+    lines = ["| server | weights | offered req/s | done / sent | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in result.get("sweep", []):
         for x in r.get("rates", []):
-            lines.append(f"| {r['system']} | {r['precision']} | {x['rate']:g} | {x['requests']} "
+            lines.append(f"| {r['system']} | {r['precision']} | {x['rate']:g} | {x['requests']}/{x.get('arrivals', '?')} "
                          f"| {_f(x['output_tokens_per_s'])} "
                          f"| {_f(x['ttft_p50_s'], '{:.0f}', 1000)} / {_f(x['ttft_p99_s'], '{:.0f}', 1000)} "
                          f"| {_f(x['itl_p50_s'], '{:.0f}', 1000)} / {_f(x['itl_p99_s'], '{:.0f}', 1000)} |")
@@ -464,11 +464,15 @@ class LlamaServer(ServerProcess):
         return m.group(0) if m else ""
 
 
-async def stream_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+async def stream_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                     live: dict[str, int] | None = None) -> dict[str, Any]:
     """One streamed /v1/completions request: TTFT (first chunk with text), gaps between text chunks,
-    completion tokens (from usage where the server sends it, else the number of text chunks)."""
+    completion tokens (from usage where the server sends it, else the number of text chunks).
+    ``live['chunks']`` counts text chunks as they come, for a request cut off at a time budget."""
     t0 = time.perf_counter()
     times: list[float] = []
+    live = {} if live is None else live
+    live["chunks"] = 0
     usage = None
     async with session.post(url + "/v1/completions", json=body) as r:
         if r.status != 200:
@@ -481,6 +485,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: dict[str, A
                 usage = chunk["usage"].get("completion_tokens")
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 times.append(time.perf_counter())
+                live["chunks"] += 1
+                live.setdefault("ttft", times[0] - t0)
     end = time.perf_counter()
     first = times[0] if times else end
     return {"ttft": first - t0, "e2e": end - t0, "tokens": usage if usage is not None else len(times),
@@ -495,31 +501,63 @@ def completion_body(prompt: list[int], max_tokens: int, system: str) -> dict[str
     return body
 
 
+async def _bounded(tasks: list[asyncio.Task], hard_s: float, samples: list[dict[str, Any]],
+                   unfinished: list[dict[str, int]], t0: float) -> dict[str, Any]:
+    """Wait for ``tasks`` at most ``hard_s`` from ``t0``, cancel the rest; stats with the cut requests' tokens."""
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, hard_s - (time.perf_counter() - t0)))
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    wall = time.perf_counter() - t0
+    stats = request_stats(samples, wall)
+    stats["cut_requests"] = len(unfinished)  # still streaming at the hard limit: their tokens so far count
+    stats["output_tokens"] += sum(u["chunks"] for u in unfinished)
+    stats["output_tokens_per_s"] = stats["output_tokens"] / wall
+    ttft = [x["ttft"] for x in samples] + [u["ttft"] for u in unfinished if "ttft" in u]
+    stats["ttft_p50_s"], stats["ttft_p99_s"] = pct(ttft, 50), pct(ttft, 99)
+    return stats
+
+
 async def closed_loop(session: aiohttp.ClientSession, url: str, system: str, prompts: list[list[int]], c: int,
-                      max_tokens: int) -> dict[str, Any]:
+                      max_tokens: int, budget_s: float) -> dict[str, Any]:
+    """c clients, each sending its next request when its last is done; no new request after ``budget_s``,
+    and whatever still streams at 1.5 x ``budget_s`` is cut (its tokens so far count)."""
     queue = list(reversed(prompts))
     samples: list[dict[str, Any]] = []
+    unfinished: list[dict[str, int]] = []
+    t0 = time.perf_counter()
 
     async def client() -> None:
-        while queue:
-            samples.append(await stream_one(session, url, completion_body(queue.pop(), max_tokens, system)))
+        while queue and time.perf_counter() - t0 < budget_s:
+            live: dict[str, int] = {}
+            unfinished.append(live)
+            samples.append(await stream_one(session, url, completion_body(queue.pop(), max_tokens, system), live))
+            unfinished.remove(live)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(c)))
-    return {"concurrency": c, **request_stats(samples, time.perf_counter() - t0), "loadavg": os.getloadavg()[0]}
+    stats = await _bounded([asyncio.create_task(client()) for _ in range(c)], 1.5 * budget_s, samples, unfinished, t0)
+    return {"concurrency": c, "requests_offered": len(prompts), **stats, "budget_s": budget_s,
+            "loadavg": os.getloadavg()[0]}
 
 
 async def open_loop(session: aiohttp.ClientSession, url: str, system: str, prompts: list[list[int]], rate: float,
-                    duration_s: float, max_tokens: int, seed: int) -> dict[str, Any]:
+                    duration_s: float, max_tokens: int, seed: int, drain_s: float) -> dict[str, Any]:
+    """Poisson arrivals for ``duration_s``, then at most ``drain_s`` for the last answers (the rest is cut)."""
     arrivals = poisson_arrivals(rate, duration_s, seed)
+    samples: list[dict[str, Any]] = []
+    unfinished: list[dict[str, int]] = []
     t0 = time.perf_counter()
 
-    async def one(i: int, at: float) -> dict[str, Any]:
+    async def one(i: int, at: float) -> None:
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
-        return await stream_one(session, url, completion_body(prompts[i % len(prompts)], max_tokens, system))
+        live: dict[str, int] = {}
+        unfinished.append(live)
+        samples.append(await stream_one(session, url, completion_body(prompts[i % len(prompts)], max_tokens, system),
+                                        live))
+        unfinished.remove(live)
 
-    samples = await asyncio.gather(*(one(i, a) for i, a in enumerate(arrivals)))
-    return {"rate": rate, "duration_s": duration_s, **request_stats(list(samples), time.perf_counter() - t0),
+    tasks = [asyncio.create_task(one(i, a)) for i, a in enumerate(arrivals)]
+    stats = await _bounded(tasks, duration_s + drain_s, samples, unfinished, t0)
+    return {"rate": rate, "duration_s": duration_s, "arrivals": len(arrivals), **stats,
             "loadavg": os.getloadavg()[0]}
 
 
@@ -530,19 +568,20 @@ async def bench_server(session: aiohttp.ClientSession, server: ServerProcess, sy
     row: dict[str, Any] = {"system": system, "precision": precision, "transport": "HTTP, streamed",
                            "ready_s": time.time() - started, "levels": []}
     for c, n in zip(args.levels, args.requests, strict=True):
-        x = await closed_loop(session, server.url, system, prompts[:n], c, args.max_tokens)
+        x = await closed_loop(session, server.url, system, prompts[:n], c, args.max_tokens, args.level_budget_s)
         row["levels"].append(x)
-        print(f"{system} {precision} c={c}: {x['output_tokens_per_s']:.1f} tok/s ({n} requests, "
-              f"TTFT p50 {x['ttft_p50_s'] * 1000:.0f} ms, load {x['loadavg']:.1f})", file=sys.stderr, flush=True)
+        print(f"{system} {precision} c={c}: {x['output_tokens_per_s']:.1f} tok/s ({x['requests']} of {n} requests done, "
+              f"{x['cut_requests']} cut, TTFT p50 {(x['ttft_p50_s'] or 0) * 1000:.0f} ms, load {x['loadavg']:.1f})",
+              file=sys.stderr, flush=True)
     swept = None
     if sweep:
         swept = {"system": system, "precision": precision, "rates": []}
         for i, rate in enumerate(args.rates):
             x = await open_loop(session, server.url, system, prompts, rate, args.sweep_seconds, args.max_tokens,
-                                seed=1000 + i)
+                                seed=1000 + i, drain_s=args.sweep_drain_s)
             swept["rates"].append(x)
-            print(f"{system} {precision} open loop {rate:g}/s: {x['requests']} requests, TTFT p50 "
-                  f"{x['ttft_p50_s'] * 1000:.0f} p99 {x['ttft_p99_s'] * 1000:.0f} ms, ITL p50 "
+            print(f"{system} {precision} open loop {rate:g}/s: {x['requests']} of {x['arrivals']} done, TTFT p50 "
+                  f"{(x['ttft_p50_s'] or 0) * 1000:.0f} p99 {(x['ttft_p99_s'] or 0) * 1000:.0f} ms, ITL p50 "
                   f"{(x['itl_p50_s'] or 0) * 1000:.0f} p99 {(x['itl_p99_s'] or 0) * 1000:.0f} ms",
                   file=sys.stderr, flush=True)
     return row, swept
@@ -818,6 +857,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                               "workload": {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                                            "levels": args.levels, "requests_per_level": args.requests,
                                            "sweep_rates_per_s": args.rates, "sweep_seconds": args.sweep_seconds,
+                                           "sweep_drain_s": args.sweep_drain_s, "level_budget_s": args.level_budget_s,
                                            "threads": args.threads, "greedy": True, "ignore_eos": True},
                               "decode": [], "sweep": []}
     hf_folder = ensure_gguf_folder(smollm2_path())
@@ -862,14 +902,17 @@ def main() -> int:
     p.add_argument("--sections", nargs="+", default=["decode", "in_process", "embeddings", "profile"],
                    choices=["decode", "in_process", "embeddings", "profile"])
     p.add_argument("--precisions", nargs="+", default=list(PAIRS), choices=list(PAIRS))
-    p.add_argument("--sweep-precisions", nargs="*", default=["fp32", "int8"], choices=list(PAIRS),
+    p.add_argument("--sweep-precisions", nargs="*", default=["fp32"], choices=list(PAIRS),
                    help="precisions whose preheat-server and llama.cpp rows also get the open-loop sweep")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--requests", type=int, nargs="+", default=[4, 16, 32], help="requests per level")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rates", type=float, nargs="+", default=[1.0, 2.0, 4.0], help="open-loop requests/s")
+    p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="open-loop requests/s")
     p.add_argument("--sweep-seconds", type=float, default=15.0)
+    p.add_argument("--sweep-drain-s", type=float, default=20.0, help="wait for the last answers of a rate at most this")
+    p.add_argument("--level-budget-s", type=float, default=40.0,
+                   help="no new request of a concurrency level after this; cut at 1.5x (a slow system gets fewer)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--embedding-texts", type=int, default=512)
     p.add_argument("--embedding-single", type=int, default=128, help="texts embedded one at a time")

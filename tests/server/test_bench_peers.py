@@ -122,7 +122,7 @@ def test_tables(bp):
     rows, roofline = _result()
     result = {"decode": rows, "roofline": roofline, "targets": bp.evaluate_targets(rows, roofline),
               "sweep": [{"system": "llama.cpp", "precision": "Q8_0",
-                         "rates": [{"rate": 2.0, "requests": 30, "output_tokens_per_s": 120.0, "ttft_p50_s": 0.05,
+                         "rates": [{"rate": 2.0, "requests": 30, "arrivals": 31, "output_tokens_per_s": 120.0, "ttft_p50_s": 0.05,
                                     "ttft_p99_s": 0.2, "itl_p50_s": 0.03, "itl_p99_s": None}]}],
               "embeddings": {"flop_roofline_embeddings_per_s": 1000.0,
                              "rows": [{"system": "preheat encoder", "transport": "in process", "batch": 32,
@@ -133,7 +133,7 @@ def test_tables(bp):
     assert "did not run" in decode[-1] and "boom" in decode[-1]
     targets = bp.targets_table(result)
     assert "2.00× vs F32 (met)" in targets and "50% (missed)" in targets
-    assert "| llama.cpp | Q8_0 | 2 | 30 | 120.0 | 50 / 200 | 30 / – |" in bp.sweep_table(result)
+    assert "| llama.cpp | Q8_0 | 2 | 30/31 | 120.0 | 50 / 200 | 30 / – |" in bp.sweep_table(result)
     assert "| 250.0 | 25% |" in bp.embeddings_table(result)
     assert "did not run" in bp.embeddings_table({"embeddings": {"error": "ImportError: x"}})
 

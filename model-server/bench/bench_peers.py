@@ -696,6 +696,44 @@ def profile_decode(precision: str, threads: int, steps: int = 24) -> dict[str, A
                          "share": e.self_cpu_time_total / total} for e in rows[:12]]}
 
 
+def kernel_check(threads: int, reps: int = 20) -> list[dict[str, Any]]:
+    """aten's weight-only int8/int4 matmuls (what preheat's int8/int4 linears call on CPU) on SmolLM2's
+    gate projection (1536 x 576), at fp32 and bf16 activations, M = 1 (decode) and 32 (a prompt), beside
+    fp32 F.linear: which activation dtype has a vectorized kernel on this CPU and torch build."""
+    import torch
+    from preheat_server.quant.quantize import (
+        _INT4_INNER_K_TILES,
+        quantize_int4_groupwise,
+        quantize_int8_per_channel,
+    )
+
+    torch.set_num_threads(threads)
+    n, k = 1536, 576
+    w = torch.randn(n, k)
+    q8, s8 = quantize_int8_per_channel(w)
+    q4, sz = quantize_int4_groupwise(w, 32)
+    p4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4, _INT4_INNER_K_TILES)
+
+    def timed(fn) -> float:
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps * 1000
+
+    out = []
+    for m in (1, 32):
+        x = torch.randn(m, k)
+        fp32 = timed(lambda x=x: torch.nn.functional.linear(x, w))
+        for dt in (torch.float32, torch.bfloat16):
+            xd = x.to(dt)
+            out.append({"m": m, "activations": str(dt).removeprefix("torch."), "fp32_linear_ms": fp32,
+                        "int8pack_mm_ms": timed(lambda xd=xd, dt=dt: torch.ops.aten._weight_int8pack_mm(xd, q8, s8.to(dt))),
+                        "int4pack_mm_for_cpu_ms": timed(lambda xd=xd, dt=dt: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                            xd, p4, 32, sz.to(dt)))})
+    return out
+
+
 def bench_embeddings_in_process(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
     import torch
     from preheat_server.embeddings.model import EmbeddingModel, resolve_embedding_folder
@@ -889,6 +927,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for prof in result["profile"]:
             roof = result["roofline"][f"preheat-server/{prof['precision']}"]
             prof["bandwidth_floor_ms_per_step"] = 1000 / roof["roofline_tokens_per_s"]
+        if {"int8", "int4"} & set(missed):
+            result["kernel_check"] = kernel_check(args.threads)
     result["machine_after"] = machine_record()
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result["logs"] = str(log_dir)

@@ -178,13 +178,13 @@ def evaluate_targets(rows: list[dict[str, Any]], roofline: dict[str, dict[str, A
     for precision, fmt in REFERENCE_FORMAT.items():
         ours, theirs = find_row(rows, "preheat-server", precision), find_row(rows, "llama.cpp", fmt)
         t: dict[str, Any] = {"llama_cpp_format": fmt}
-        if ours and theirs and rate_at(ours, 32) and rate_at(theirs, 32):
+        if ours and theirs and rate_at(ours, 32) is not None and rate_at(theirs, 32):  # 0 tok/s is a result
             ratio = rate_at(ours, 32) / rate_at(theirs, 32)
             t["c32_vs_llama_cpp"] = ratio
             t["c32_target"] = TARGET_C32_VS_LLAMA
             t["c32_met"] = ratio >= TARGET_C32_VS_LLAMA
         roof = (roofline.get(f"preheat-server/{precision}") or {}).get("roofline_tokens_per_s")
-        if ours and roof and rate_at(ours, 1):
+        if ours and roof and rate_at(ours, 1) is not None:
             frac = rate_at(ours, 1) / roof
             t["c1_fraction_of_roofline"] = frac
             t["c1_target"] = TARGET_C1_ROOFLINE

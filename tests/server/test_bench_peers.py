@@ -116,6 +116,12 @@ def test_targets(bp):
     assert t["int8"]["c32_vs_llama_cpp"] == pytest.approx(4 / 3) and t["int8"]["c32_met"] is False
     assert t["int8"]["c1_fraction_of_roofline"] == 50 / 160
     assert "c32_vs_llama_cpp" not in t["int4"]  # no rows: nothing claimed
+    rows.append(_row("preheat-server", "int4", {1: 2.0, 32: 0.0}))  # nothing streamed in time: a miss, not a gap
+    rows.append(_row("llama.cpp", "Q4_0", {1: 30.0, 32: 120.0}))
+    roofline["preheat-server/int4"] = {"bytes_per_token": 95e6, "roofline_tokens_per_s": 100.0}
+    t = bp.evaluate_targets([r for r in rows if "error" not in r], roofline)
+    assert t["int4"]["c32_vs_llama_cpp"] == 0.0 and t["int4"]["c32_met"] is False
+    assert t["int4"]["c1_fraction_of_roofline"] == 0.02
 
 
 def test_tables(bp):

@@ -17,6 +17,7 @@ from preheat_server.quant import (
     Int4Embedding,
     Int4Linear,
     Int8Linear,
+    cpu_kernel_dtype,
     dequantize_int4,
     quantize_int4_groupwise,
     quantize_int8_per_channel,
@@ -45,7 +46,13 @@ def test_int8_linear_matches_dequantized_weight():
     assert (q.float() * s[:, None] - w).abs().max() <= s.max() / 2 + 1e-6  # rounding error ≤ half a step
     lin = Int8Linear(q, s, None, torch.float32)
     ref = x @ (q.float() * s[:, None]).T
+    assert lin.kernel_dtype == cpu_kernel_dtype(torch.float32)  # the path this machine takes
+    lin.kernel_dtype = torch.float32  # the exact path
     torch.testing.assert_close(lin(x), ref, rtol=1e-4, atol=1e-4)
+    lin.kernel_dtype = torch.bfloat16  # the fast path: the input rounded to bf16, fp32 out
+    got = lin(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, x.bfloat16().float() @ (q.float() * s[:, None]).T, rtol=2e-2, atol=2e-2)
     lin.use_packed = False  # the pure-torch fallback gives the same numbers
     torch.testing.assert_close(lin(x), ref, rtol=1e-4, atol=1e-4)
 
@@ -60,7 +67,13 @@ def test_int4_linear_matches_dequantized_weight():
     assert ((deq - w).abs() <= step / 2 + 1e-5).all()
     lin = Int4Linear(w, None, torch.float32, 64)
     ref = x @ dequantize_int4(q, sz.to(torch.bfloat16), 64).T  # stored scales are bf16
+    assert lin.kernel_dtype == (cpu_kernel_dtype(torch.float32) if lin.mode == "cpu" else torch.float32)
+    lin.kernel_dtype = torch.float32  # the exact path
     torch.testing.assert_close(lin(x), ref, rtol=1e-3, atol=1e-3)
+    if lin.mode == "cpu":  # the fast path: the input rounded to bf16 (the kernel also sums in bf16)
+        lin.kernel_dtype = torch.bfloat16
+        deq = dequantize_int4(q, sz.to(torch.bfloat16), 64)
+        torch.testing.assert_close(lin(x), x.bfloat16().float() @ deq.T, rtol=5e-2, atol=5e-2)
     fallback = Int4Linear(w, None, torch.float32, 64)
     fallback.mode, fallback.weight = "dequant", (q[:, ::2].to(torch.uint8) << 4) | q[:, 1::2].to(torch.uint8)
     torch.testing.assert_close(fallback(x), ref, rtol=1e-3, atol=1e-3)
@@ -206,3 +219,31 @@ def test_quant_cache_key_follows_the_content(tmp_path: Any, monkeypatch: Any) ->
     assert qcache.cache_file([weights], "int8", 128, True) != key
     weights.write_bytes(b"b" * 100)       # same size, new content (and mtime)
     assert qcache.cache_file([weights], "int4", 128, True) != key
+
+
+def test_quantized_cpu_kernels_take_bf16_input_only_where_it_is_vectorised(monkeypatch):
+    """aten's int8/int4 CPU kernels are scalar for fp32 input: an fp32 model feeds them bf16 on AVX2 or
+    AVX-512 builds, keeps fp32 without a vectorised build, and PREHEAT_QUANT_ACTIVATIONS=fp32 forces it."""
+    for capability, want in (("AVX512", torch.bfloat16), ("AVX2", torch.bfloat16), ("DEFAULT", torch.float32)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert cpu_kernel_dtype(torch.float32) == want
+        assert cpu_kernel_dtype(torch.bfloat16) == torch.bfloat16  # a bf16 model is fed as it is
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setenv("PREHEAT_QUANT_ACTIVATIONS", "fp32")
+    assert cpu_kernel_dtype(torch.float32) == torch.float32
+
+
+def test_int8_weights_from_an_unaligned_view_are_aligned_for_the_kernel():
+    """A weight that is a view into a loaded file may start off a 64-byte boundary; aten's AVX-512 int8
+    kernel with bf16 input crashed on one (the quantized tiny model from the cache), so it is copied."""
+    g = torch.Generator().manual_seed(4)
+    q, s = quantize_int8_per_channel(torch.randn(256, 128, generator=g))
+    backing = torch.empty(q.numel() + 8, dtype=torch.int8)
+    view = backing[8:].view(256, 128)
+    view.copy_(q)
+    assert view.data_ptr() % 64 != 0
+    lin = Int8Linear(view, s, None, torch.float32)
+    assert lin.weight.data_ptr() % 64 == 0
+    lin.kernel_dtype = torch.bfloat16
+    x = torch.randn(8, 128, generator=g)
+    torch.testing.assert_close(lin(x), x.bfloat16().float() @ (q.float() * s[:, None]).T, rtol=2e-2, atol=2e-2)

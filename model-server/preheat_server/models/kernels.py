@@ -6,8 +6,9 @@ The choice starts from the CPU's flags (``preheat_server.hardware``), never from
 - bf16 arithmetic is native with avx512_bf16 or amx_bf16; with only the AVX-512 base (or avx_ne_convert)
   oneDNN emulates the bf16 dot product, and with neither aten falls back to a reference GEMM. In both of
   those cases a bf16 GEMM is slower than an fp32 one, so the start-up line says so.
-- int8 and int4 weight-only kernels are aten ops present in every x86 build (vectorised for whatever the
-  CPU has); where an op or a shape is missing, the layer dequantizes instead.
+- int8 and int4 weight-only kernels are aten ops present in every x86 build, vectorised for bf16 input
+  only: an fp32 model feeds them bf16 where torch runs AVX2 or AVX-512 code (``_bf16in`` in the report;
+  ``quant.cpu_kernel_dtype`` says why); where an op or a shape is missing, the layer dequantizes instead.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def bf16_compute(flags: frozenset[str] | None = None) -> str:
     return "emulated" if bf16_prepack_supported(flags) else "reference"
 
 
+def _bf16_input(m: Int8Linear | Int4Linear) -> str:
+    """``_bf16in`` where an fp32 model's quantized layer feeds the kernel bf16 (quant.cpu_kernel_dtype)."""
+    return "_bf16in" if m.kernel_dtype != m.act_dtype else ""
+
+
 def linear_kernels(model: nn.Module) -> dict[str, int]:
     """How many linear layers run on each kernel, read from the loaded modules themselves."""
     counts: Counter[str] = Counter()
@@ -37,9 +43,9 @@ def linear_kernels(model: nn.Module) -> dict[str, int]:
         if isinstance(m, PackedLinear):
             counts["onednn_prepacked"] += 1
         elif isinstance(m, Int8Linear):
-            counts["int8pack" if m.use_packed else "int8_dequant"] += 1
+            counts["int8pack" + _bf16_input(m) if m.use_packed else "int8_dequant"] += 1
         elif isinstance(m, Int4Linear):
-            counts[f"int4pack_{m.mode}" if m.mode != "dequant" else "int4_dequant"] += 1
+            counts[f"int4pack_{m.mode}" + _bf16_input(m) if m.mode != "dequant" else "int4_dequant"] += 1
         elif isinstance(m, nn.Linear):
             counts["aten"] += 1
     return dict(sorted(counts.items()))

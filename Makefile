@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries peers node-binaries images cluster-up-real shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
+.PHONY: setup binaries peers peers-hpa node-binaries images cluster-up-real shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
         bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
@@ -23,6 +23,9 @@ binaries:
 # Go modules; `make test` builds them too (scripts/test.sh). Build times and sizes: $(PREHEAT_CACHE)/bin/.peers-builds.jsonl.
 peers:
 	nice -n 15 bash cluster/build-peers.sh all
+
+peers-hpa:
+	bash cluster/build-peers.sh prometheus-adapter
 
 # A real node's binaries (kubelet, kube-proxy, containerd, crictl, CoreDNS, pause) and Debian packages.
 node-binaries: binaries
@@ -68,7 +71,8 @@ cluster-down:
 shell:
 	KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$(PREHEAT_CACHE)/bin:$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/netns.sh preheat-dev bash
 
-demo: setup binaries
+# The demo's hpa mode runs the real HPA on prometheus-adapter (only that peer: seconds when cached).
+demo: setup binaries peers-hpa
 	bash scripts/netns.sh --rm preheat-demo bash scripts/demo.sh
 
 # The model server's benchmark: the engine in-process (bench-engine) and the HTTP server (bench-http).

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # `make demo`: the local cluster + Prometheus + the Preheat operator, a tiny-model endpoint, and a
-# real trace (ServeGen m-small's morning ramp, compressed 240x) replayed against it twice — preheat
-# mode, then reactive-only — with live progress, a PNG plot and a one-line summary. Takes the
-# cluster down at the end, also on failure or Ctrl-C. `make setup binaries` ran before.
+# real trace (ServeGen m-small's morning ramp, compressed 240x) replayed against it once per mode —
+# preheat mode, Preheat's own reactive-only mode, then the real Kubernetes HPA (kube-controller-manager's,
+# on the request rate through prometheus-adapter) scaling the same endpoint — with live progress, a PNG
+# plot and a summary line per mode. Takes the cluster down at the end, also on failure or Ctrl-C.
+# `make setup binaries peers-hpa` ran before (the last builds prometheus-adapter).
 #
-# Environment knobs: DEMO_MODES (default "preheat,reactive"), DEMO_TRACE, DEMO_OUT (default out/demo, git-ignored),
+# Environment knobs: DEMO_MODES (default "preheat,reactive,hpa"; any subset), DEMO_TRACE, DEMO_OUT (default out/demo, git-ignored),
 # DEMO_STATE_DIR (the cluster's state dir, default .cluster), DEMO_KEEP_CLUSTER=1 to leave the cluster
 # up afterwards. A cluster that was already up before the demo is left up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 OUT="${DEMO_OUT:-out/demo}"
-MODES="${DEMO_MODES:-preheat,reactive}"
+MODES="${DEMO_MODES:-preheat,reactive,hpa}"
 STATE="${DEMO_STATE_DIR:-.cluster}"
 TRACE="${DEMO_TRACE:-../shared/traces/servegen_m-small_10min.csv}"
 # A fresh clone may have the traces beside it or not: fall back to the committed excerpt (the same
@@ -53,4 +55,5 @@ echo "demo: replaying $TRACE (modes: $MODES)"
 
 echo
 echo "demo: plot  $OUT/closedloop.png"
-grep '^SUMMARY ' "$OUT/demo.log" | tail -1
+# one line per mode (the run prints them as one SUMMARY line, " | " between modes)
+grep '^SUMMARY ' "$OUT/demo.log" | tail -1 | sed 's/^SUMMARY //; s/ | /\n/g' | sed 's/^/SUMMARY /'

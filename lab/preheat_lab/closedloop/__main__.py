@@ -1,8 +1,10 @@
-"""`python -m preheat_lab.closedloop`: run the preheat vs reactive-only comparison on a cluster.
+"""`python -m preheat_lab.closedloop`: run preheat against reactive-only and the real HPA on a cluster.
 
 Writes the JSON (`--out`), a PNG (`--plot`) and prints live progress plus a one-line summary.
 Without `--kubeconfig` it uses the local cluster in `--cluster-state` (default `.cluster`), whose
-Prometheus also scrapes the operator's /metrics through file service discovery.
+Prometheus also scrapes the operator's /metrics through file service discovery; with the `hpa` mode
+it also starts prometheus-adapter there (once; `bash cluster/build-peers.sh prometheus-adapter` builds
+it). With `--kubeconfig`, the cluster must serve the custom metrics API for the hpa mode itself.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compress", type=float, default=W.COMPRESS, help="time compression factor")
     p.add_argument("--rate-scale", type=float, default=W.RATE_SCALE, help="multiply the trace's request rate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: preheat, reactive")
+    p.add_argument("--modes", default="preheat,reactive", help=f"comma-separated subset of {', '.join(MODES)}")
+    p.add_argument("--hpa-rate-window", default=None,
+                   help="hpa mode: prometheus-adapter's rate window (default: the window Preheat's rate reads, 20s)")
     p.add_argument("--target-per-replica", type=float, default=1.5, help="requests/s one serving replica takes")
     p.add_argument("--max-replicas", type=int, default=5)
     p.add_argument("--slo-ms", type=float, default=3000.0, help="end-to-end latency budget per request")
@@ -66,6 +70,7 @@ def summary_line(headline: dict) -> str:
         parts.append(
             f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}, "
             f"{'-' if rs is None else f'{rs:.0f}'} replica-s, "
+            f"{h.get('pods_started')} pods started, {h.get('scale_actions')} scale actions, "
             f"{h.get('cold_starts_hidden')} cold starts hidden by {h.get('promotions')} promotions, "
             f"serving capacity lead {'-' if lead is None else f'{lead:+.0f} s'}, "
             f"loaded capacity lead {'-' if loaded is None else f'{loaded:+.0f} s'}"
@@ -82,6 +87,21 @@ def _forecast_part(f: dict) -> str:
             f"up to {f['max_forecast_order_lead_s']:.0f} s ahead)")
 
 
+def _adapter_starter(cluster):
+    """prometheus-adapter on the local cluster with the hpa mode's rules (idempotent: one already
+    running is kept, with the rules it was started with)."""
+
+    def start(rules: dict) -> dict:
+        from preheat_cluster.peers import start_prometheus_adapter
+
+        print("closed loop: prometheus-adapter behind custom.metrics.k8s.io for the HPA", flush=True)
+        t0 = time.monotonic()
+        version = start_prometheus_adapter(cluster, rules)
+        return {"prometheus_adapter": version, "start_s": round(time.monotonic() - t0, 1)}
+
+    return start
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -90,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not modes:
         print(f"error: --modes must be a comma-separated subset of {', '.join(MODES)}", file=sys.stderr)
         return 2
-    register = unregister = None
+    register = unregister = start_hpa_metrics = None
     history = None
     kubeconfig, prom = args.kubeconfig, args.prometheus_url
     if kubeconfig is None or prom is None:
@@ -106,6 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig = kubeconfig or cluster.kubeconfig
         prom = prom or cluster.prometheus_url
         register, unregister = cluster.register_scrape_target, cluster.unregister_scrape_target
+        if "hpa" in modes:
+            from preheat_cluster import ClusterError
+            from preheat_cluster.peers import adapter_binary
+
+            try:
+                adapter_binary(cluster)
+            except ClusterError as e:
+                print(f"error: the hpa mode needs prometheus-adapter: {e}", file=sys.stderr)
+                return 2
+            start_hpa_metrics = _adapter_starter(cluster)
         if not args.no_history:
             history = HistoryWriter(cluster.bin_dir / "promtool", cluster.state_dir / "prometheus" / "data", prom)
     elif not args.no_history:
@@ -138,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         forecaster=args.forecaster, time_compression=args.compress,
         forecast_window_s=args.forecast_window_s or None, history=history,
         history_rate=wl.rate if history is not None else None, slice_start_trace_s=wl.slice_start_s,
-        history_start_trace_s=wl.history_start_s,
+        history_start_trace_s=wl.history_start_s, hpa_rate_window=args.hpa_rate_window,
+        start_hpa_metrics=start_hpa_metrics,
     )
     print(f"closed loop: {len(arrivals)} requests over {arrivals[-1].t_s:.0f} s per mode, modes {', '.join(modes)}",
           flush=True)

@@ -1,10 +1,13 @@
 """Run the closed loop on a real cluster: endpoint + operator + trace replay, once per scaling mode.
 
-One run of `compare()` plays the same schedule twice, sequentially, against the same operator code:
+One run of `compare()` plays the same schedule once per mode, sequentially:
 
 * `preheat`: forecasting on and a warm pool (pre-scale ahead of the forecast, promote warm pods);
-* `reactive`: forecasting off and no warm pool: scale on observed load only, so every added replica
-  is a cold start — what an HPA/KPA-style autoscaler gives.
+* `reactive`: the same operator with forecasting off and no warm pool: scale on observed load only,
+  so every added replica is a cold start — Preheat's own HPA/KPA-style baseline;
+* `hpa`: the real Kubernetes HPA (kube-controller-manager's) scales the endpoint's Deployment on the
+  model server's request rate through prometheus-adapter; the operator runs the endpoint in
+  `scaling.mode: Preview` (creates its objects, writes status, never touches replicas). See hpa.py.
 
 For each mode it creates a namespace, starts `preheat operator` scoped to it (its /metrics
 registered as a Prometheus scrape target when the cluster offers that), applies an
@@ -35,13 +38,14 @@ import numpy as np
 
 from preheat_lab.loadgen import Arrival, EndpointSliceWatcher, ReplayConfig, Replayer, offered_rate, summarize
 
+from . import hpa as H
 from . import metrics as M
 from .history import HistoryWriter, ReloadWatch, TraceClock, history_visible
 from .sampler import GROUP, PLURAL, VERSION, Sampler
 
 log = logging.getLogger(__name__)
 
-MODES = ("preheat", "reactive")
+MODES = ("preheat", "reactive", "hpa")
 
 
 @dataclass
@@ -88,17 +92,27 @@ class LoopConfig:
     slice_start_trace_s: float = 0.0
     history_start_trace_s: float = 0.0
     history_timeout_s: float = 90.0
+    # hpa mode: prometheus-adapter's per-pod rate window (None: `window`, the one Preheat's rate reads),
+    # and what makes the custom metrics API serve it on this cluster (called once per comparison that
+    # has an hpa mode; returns what it started, for the JSON). None: the cluster already serves it.
+    hpa_rate_window: str | None = None
+    start_hpa_metrics: Callable[[dict], Any] | None = None
+
+    def hpa_rules(self) -> dict:
+        return H.adapter_rules(self.hpa_rate_window or self.window)
 
 
 def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
-    """The InferenceEndpoint of the run: the same in both modes.
+    """The InferenceEndpoint of the run: the same in every mode but hpa.
 
     Reactive-only is the operator's own switch (`preheat operator --reactive-only`: forecasts ignored,
-    no warm pool), so the two runs differ in nothing but the scaling mode.
+    no warm pool), so preheat and reactive differ in nothing but the scaling mode. In hpa mode the
+    endpoint is in `scaling.mode: Preview` with no warm pool: the Deployment's replicas belong to the
+    HPA (`hpa_manifest`), the rest (model, server, resources, min/max, target) is the same.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return {
+    body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceEndpoint",
         "metadata": {"name": cfg.endpoint, "labels": {"preheat.dev/experiment": f"closedloop-{mode}"}},
@@ -124,6 +138,18 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
             "prometheus": {"url": cfg.prometheus_url, "window": cfg.window, "panicWindow": cfg.panic_window},
         },
     }
+    if mode == "hpa":
+        body["spec"]["scaling"].update(mode="Preview", warmPool={"min": 0, "max": 0})
+    return body
+
+
+def hpa_manifest(cfg: LoopConfig) -> dict:
+    """The HPA of hpa mode, on the endpoint's Deployment: the endpoint's own per-replica target (what
+    Preheat's policy divides the rate by) and min/max replicas; everything else the HPA's defaults."""
+    from preheat.controller.builders import workload_name
+
+    dep = workload_name(cfg.endpoint)
+    return H.hpa_manifest(dep, dep, cfg.target_per_replica, cfg.min_replicas, cfg.max_replicas)
 
 
 def free_port() -> int:
@@ -143,7 +169,8 @@ class OperatorProcess:
     def argv(self) -> list[str]:
         argv = [*self.cfg.operator_cmd, "--namespace", self.namespace, "--metrics-port", str(self.metrics_port),
                 "--prometheus-url", self.cfg.prometheus_url]
-        if self.mode == "reactive":
+        if self.mode in ("reactive", "hpa"):
+            # hpa: the endpoint is in Preview (nothing applied); no forecast is drawn for a mode that has none
             argv.append("--reactive-only")
         return argv
 
@@ -303,6 +330,9 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
             cfg.register_target(target, f"127.0.0.1:{operator.metrics_port}", {"job": "preheat-operator", "mode": mode})
         await asyncio.to_thread(custom.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
                                 endpoint_manifest(cfg, mode))
+        if mode == "hpa":
+            result["hpa"] = hpa_manifest(cfg)
+            await asyncio.to_thread(H.create, api, namespace, result["hpa"])
         want = cfg.min_replicas + (cfg.warm_pool_min if mode == "preheat" else 0)
         say(f"[{mode}] waiting for {want} Ready pod(s) in {namespace}")
         result["startup_s"] = await _wait_ready(cfg, core, namespace, want, operator)
@@ -331,7 +361,14 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
             await sampler.stop()
         t_end = max((r.done_s or 0) for r in records) if records else 0.0
         events = await asyncio.to_thread(_events, core, namespace, cfg.endpoint, t0_wall)
-        result.update(analyse(cfg, records, sampler.samples, arrivals, t_end, t0_wall, events))
+        scaler = None
+        if mode == "hpa":
+            name = result["hpa"]["metadata"]["name"]
+            hpa_events = await asyncio.to_thread(H.rescale_events, core, namespace, name, t0_wall)
+            scaler = H.rescale_decisions(hpa_events, cfg.min_replicas)
+            result["hpa_events"] = hpa_events
+            result["hpa_status"] = await asyncio.to_thread(H.read_status, api, namespace, name)
+        result.update(analyse(cfg, records, sampler.samples, arrivals, t_end, t0_wall, events, scaler))
         rebuilt = next((s.status.get("forecasterRebuild") for s in reversed(sampler.samples)
                         if s.status.get("forecasterRebuild")), None)
         if "history" in result:
@@ -339,6 +376,9 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
         result["operator_alive_at_end"] = operator.alive()
     finally:
         await sampler.stop()
+        if mode == "hpa":  # before the endpoint goes, so nothing scales what is being deleted
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(H.delete, api, namespace, hpa_manifest(cfg)["metadata"]["name"])
         await _teardown(cfg, core, custom, namespace, operator)
         if cfg.unregister_target:
             with contextlib.suppress(Exception):
@@ -398,19 +438,23 @@ def _events(core: Any, namespace: str, endpoint: str, t0_wall: float) -> list[di
 
 
 def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arrivals: Sequence[Arrival],
-            t_end: float, t0_wall: float, events: Sequence[dict] = ()) -> dict:
-    """Every figure of one mode's run (JSON-able), plus the series the plot draws."""
+            t_end: float, t0_wall: float, events: Sequence[dict] = (),
+            scaler_decisions: Sequence[dict] | None = None) -> dict:
+    """Every figure of one mode's run (JSON-able), plus the series the plot draws.
+
+    `scaler_decisions`: when another autoscaler scales the endpoint (hpa mode: its rescale Events,
+    `hpa.rescale_decisions`), its decisions replace the operator's, which were only a preview."""
     summary = summarize(records, cfg.slo_ms / 1000)
     off_t, off_r = offered_rate(arrivals, 1.0)
     need_t, need = M.need_series(off_t, off_r, cfg.target_per_replica)
     proms = M.promotions(samples, cfg.interval_s + cfg.sample_interval_s)
-    decs = decisions(samples, t0_wall)
+    decs = decisions(samples, t0_wall) if scaler_decisions is None else list(scaler_decisions)
     reactions = M.reaction_times(decs, samples)
     rs = M.replica_seconds(samples, 0.0, t_end)
     lead = M.capacity_lead(samples, need_t, need, min_level=2)
     loaded_lead = M.capacity_lead(samples, need_t, need, min_level=2, loaded=True)
     vt, vc = M.violations_per_bin(records, 5.0, t_end)
-    orders = M.serving_orders(events, decs)
+    orders = M.serving_orders(events, decs) if scaler_decisions is None else M.serving_orders((), decs)
     cold = M.cold_start_seconds(samples)
     return {
         "slo": summary,
@@ -422,6 +466,7 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
         "cold_starts_hidden": sum(1 for p in proms if p["hid_cold_start"]),
         "promotion_events": proms,
         "scale_up_reaction_s": [r["reaction_s"] for r in reactions],
+        "scale_actions": scale_actions(events, scaler_decisions),
         "scale_ups": reactions,
         "decisions": decs,
         "capacity_lead": lead,
@@ -429,6 +474,8 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
         "serving_orders": orders,
         "forecast_lead": M.order_lead(lead, orders, cold),
         "cold_start_s": M.cold_start_seconds(samples),
+        # pods created during the replay: each one a cold start, hidden or not
+        "pods_started": len({p.uid for s in samples for p in s.pods if p.created_s >= 0}),
         "max_serving": max((s.serving_ready for s in samples), default=0),
         "metrics_available": any(
             c.get("type") == "MetricsAvailable" and c.get("status") == "True"
@@ -446,6 +493,14 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
             "violations_t": vt.tolist(), "violations": vc.tolist(),
         },
     }
+
+
+def scale_actions(events: Sequence[dict], scaler_decisions: Sequence[dict] | None = None) -> int:
+    """How many times the replica count was changed: the operator's ScaledUp/ScaledDown Events, or the
+    other autoscaler's decisions (a repeated HPA Event counts each time)."""
+    if scaler_decisions is not None:
+        return sum(int(d.get("count") or 1) for d in scaler_decisions)
+    return sum(1 for e in events if e.get("reason") in ("ScaledUp", "ScaledDown"))
 
 
 def _f(v: Any) -> float | None:
@@ -477,6 +532,8 @@ class Comparison:
                 "mean_capacity_lead_s": float(np.mean(leads)) if leads else None,
                 "mean_loaded_capacity_lead_s": float(np.mean(loaded)) if loaded else None,
                 "max_serving": r.get("max_serving"),
+                "scale_actions": r.get("scale_actions"),
+                "pods_started": r.get("pods_started"),
                 "forecast_orders_ahead": M.forecast_summary(r.get("forecast_lead", [])),
             }
         return out
@@ -497,6 +554,10 @@ async def compare(cfg: LoopConfig, arrivals: Sequence[Arrival], modes: Sequence[
     comp = Comparison(config=conf, workload=workload or {})
     # Prometheus' block-reload timer, learned while the first mode's pods start (history only).
     watch = ReloadWatch(cfg.prometheus_url).start() if cfg.history is not None else None
+    if "hpa" in modes:
+        comp.config["hpa_adapter_rules"] = rules = cfg.hpa_rules()
+        if cfg.start_hpa_metrics is not None:  # once: prometheus-adapter behind the custom metrics API
+            comp.config["hpa_metrics"] = await asyncio.to_thread(cfg.start_hpa_metrics, rules)
     try:
         for mode in modes:
             comp.modes[mode] = await run_mode(cfg, mode, arrivals, watch)

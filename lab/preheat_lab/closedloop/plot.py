@@ -40,9 +40,10 @@ def plot_comparison(result: dict, path: str | Path, target_per_replica: float) -
         ax.step(st, s["warm"], where="post", color="tab:purple", label="warm (Ready)")
         ax.step(st, s["starting"], where="post", color="tab:red", ls=":", label="starting")
         ax.plot(s["offered_t"], s["need"], color="0.5", lw=0.8, label="needed (offered / target)")
-        # Orders of more serving replicas, marked by the term that won (forecast: the pre-scaling).
+        # Orders of more serving replicas, marked by the term that won (forecast: the pre-scaling), or
+        # the HPA's rescales in hpa mode.
         for reason, marker, color in (("forecast", "^", "tab:orange"), ("reactive", "o", "tab:blue"),
-                                      ("panic", "x", "tab:red")):
+                                      ("panic", "x", "tab:red"), ("hpa", "s", "tab:brown")):
             o = [x for x in r.get("serving_orders", []) if x["reason"] == reason and x["t_s"] >= 0]
             if o:
                 ax.scatter([x["t_s"] for x in o], [x["serving_to"] for x in o], marker=marker, color=color, s=28,

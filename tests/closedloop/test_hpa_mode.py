@@ -44,8 +44,10 @@ def test_hpa_targets_the_endpoints_deployment_with_its_per_replica_target_and_bo
     from kubernetes.utils.quantity import parse_quantity
     from preheat.controller.builders import workload_name
     from preheat.controller.spec import parse_spec
+    from preheat.scaling.from_spec import policy_config
 
     cfg = _cfg(tmp_path, target_per_replica=1.5, min_replicas=1, max_replicas=5)
+    full = parse_spec(endpoint_manifest(cfg, "preheat")["spec"])
     spec = parse_spec(endpoint_manifest(cfg, "hpa")["spec"]).scaling
     h = hpa_manifest(cfg)
     assert h["apiVersion"] == "autoscaling/v2" and h["kind"] == "HorizontalPodAutoscaler"
@@ -56,7 +58,11 @@ def test_hpa_targets_the_endpoints_deployment_with_its_per_replica_target_and_bo
     assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == H.METRIC
     target = metric["pods"]["target"]
     assert target["type"] == "AverageValue"
-    assert float(parse_quantity(target["averageValue"])) == pytest.approx(spec.target_per_replica)
+    # the rate per replica Preheat's policy sizes for: targetPerReplica at its target utilization
+    per_replica = policy_config(full).capacity_per_replica
+    assert per_replica == pytest.approx(spec.target_per_replica * policy_config(full).target_utilization)
+    assert float(parse_quantity(target["averageValue"])) == pytest.approx(per_replica)
+    assert target["averageValue"] == "1200m"  # 1.5 req/s at 0.8
     assert "behavior" not in h["spec"]  # the HPA's defaults: 15 s sync, 300 s scale-down stabilization
 
 

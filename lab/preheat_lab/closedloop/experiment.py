@@ -143,13 +143,23 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
     return body
 
 
+def hpa_per_replica(cfg: LoopConfig) -> float:
+    """The request rate per serving replica Preheat's policy sizes for on this endpoint: the spec's
+    targetPerReplica at the policy's target utilization (`PolicyConfig.capacity_per_replica`, what it
+    divides the rate by), read through the operator's own spec model and policy_config."""
+    from preheat.controller.spec import parse_spec
+    from preheat.scaling.from_spec import policy_config
+
+    return policy_config(parse_spec(endpoint_manifest(cfg, "hpa")["spec"])).capacity_per_replica
+
+
 def hpa_manifest(cfg: LoopConfig) -> dict:
-    """The HPA of hpa mode, on the endpoint's Deployment: the endpoint's own per-replica target (what
-    Preheat's policy divides the rate by) and min/max replicas; everything else the HPA's defaults."""
+    """The HPA of hpa mode, on the endpoint's Deployment: the per-replica rate Preheat's policy sizes
+    for (`hpa_per_replica`) and the endpoint's min/max replicas; everything else the HPA's defaults."""
     from preheat.controller.builders import workload_name
 
     dep = workload_name(cfg.endpoint)
-    return H.hpa_manifest(dep, dep, cfg.target_per_replica, cfg.min_replicas, cfg.max_replicas)
+    return H.hpa_manifest(dep, dep, hpa_per_replica(cfg), cfg.min_replicas, cfg.max_replicas)
 
 
 def free_port() -> int:

@@ -6,7 +6,8 @@ and PDB, keeps every Ready pod serving, writes status, and never touches replica
 kube-controller-manager's HPA scales the Deployment on the model server's request rate per pod, read
 from Prometheus through prometheus-adapter (preheat_cluster.peers: `request_rate_rules`), configured
 as the HPA walkthrough writes a per-pod rate: an `autoscaling/v2` Pods metric with an AverageValue
-target equal to the endpoint's `targetPerReplica`, the endpoint's min/max replicas, and everything
+target equal to the rate per replica Preheat's policy sizes for (the endpoint's `targetPerReplica` at
+the policy's target utilization), the endpoint's min/max replicas, and everything
 else the HPA's defaults (15 s sync, 10 % tolerance, scale up by max(100 %, 4 pods) per 15 s, scale
 down after a 300 s stabilization window). Pure except `create`/`delete`/`rescale_events`.
 """

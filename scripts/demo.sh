@@ -16,13 +16,13 @@ OUT="${DEMO_OUT:-out/demo}"
 MODES="${DEMO_MODES:-preheat,reactive,hpa}"
 STATE="${DEMO_STATE_DIR:-.cluster}"
 TRACE="${DEMO_TRACE:-../shared/traces/servegen_m-small_10min.csv}"
-# A fresh clone may have the traces beside it or not: fall back to the committed excerpt (the same
-# morning ramp, day 2 of m-small) so the demo still runs the same slice.
+# A fresh clone may have the traces beside it or not: fall back to the committed excerpt (day 1 and
+# day 2's morning of m-small, what the closed-loop test replays) so the demo still runs the same slice
+# with a day of the endpoint's past before it (the forecast has yesterday to lead with).
 START_S=$((86400 + 12600))
 if [ ! -f "$TRACE" ]; then
-  echo "demo: $TRACE not found; using the committed ServeGen excerpt"
-  TRACE=tests/closedloop/data/servegen_m-small_day2_morning.csv
-  START_S=12600
+  echo "demo: $TRACE not found; using the committed ServeGen excerpt (day 1 + day 2's morning)"
+  TRACE=tests/closedloop/data/servegen_m-small_days1-2.csv
 fi
 mkdir -p "$OUT"
 

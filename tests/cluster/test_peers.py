@@ -115,25 +115,15 @@ class _Traffic:
 
 def test_real_hpa_scales_model_server_on_request_rate_through_prometheus_adapter(
         local_cluster, kube_api, namespace) -> None:
-    from preheat_cluster import ClusterError
     from preheat_cluster.launcher import kubectl
     from preheat_cluster.peers import request_rate_rules, start_prometheus_adapter
 
-    cluster = local_cluster.cluster
-    if cluster is None:
-        pytest.fail("this test runs prometheus-adapter beside the local cluster (not on an external cluster)")
+    cluster = _cluster(local_cluster)
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     name = "hpa-tiny"
     selector = ",".join(f"{k}={v}" for k, v in common_labels(name).items())
-    apps.create_namespaced_deployment(namespace, _model_server_deployment(name))
-    wait_for("the model server's first replica Ready",
-             lambda: [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items if ready(p)], 240)
-    with _Traffic(core, namespace, selector) as traffic:
-        try:
-            start_prometheus_adapter(cluster, request_rate_rules())
-        except ClusterError as e:
-            pytest.fail(str(e), pytrace=False)
-
+    start = lambda: start_prometheus_adapter(cluster, request_rate_rules())  # noqa: E731
+    with _under_load(kube_api, namespace, name, start) as traffic:
         # The custom metrics API answers from Prometheus data: the adapter's rate for the pod.
         # NotFound (empty output) until the adapter's series list holds the pod's: it lists at start and
         # every --metrics-relist-interval (1m), and Prometheus may not have scraped the pod at its start.

@@ -3,7 +3,10 @@
 # real trace (ServeGen m-small's morning ramp, compressed 240x) replayed against it once per mode —
 # preheat mode, Preheat's own reactive-only mode, then the real Kubernetes HPA (kube-controller-manager's,
 # on the request rate through prometheus-adapter) scaling the same endpoint — with live progress, a PNG
-# plot and a summary line per mode. Takes the cluster down at the end, also on failure or Ctrl-C.
+# plot and a summary line per mode. Every replica of every mode downloads the model first from a model
+# store on a tc-shaped link (preheat_lab.closedloop.modelstore: 2.7 MB at 0.98 Mbit/s, 22 s alone, the
+# download time of a 16 GB model at 5.8 Gbit/s), so cold starts are tens of seconds for the reason they
+# are in production. Takes the cluster down at the end, also on failure or Ctrl-C.
 # `make setup binaries peers-hpa` ran before (the last builds prometheus-adapter).
 #
 # Environment knobs: DEMO_MODES (default "preheat,reactive,hpa"; any subset), DEMO_TRACE, DEMO_OUT (default out/demo, git-ignored),

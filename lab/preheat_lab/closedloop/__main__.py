@@ -19,6 +19,7 @@ from pathlib import Path
 
 from preheat_server.hardware import machine_record
 
+from . import modelstore as MS
 from . import workload as W
 from .experiment import MODES, LoopConfig, compare
 from .plot import plot_comparison
@@ -51,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--forecaster", default="holt-winters", help="spec.scaling.forecasting.forecaster")
     p.add_argument("--forecast-window-s", type=float, default=45.0,
                    help="spec.scaling.forecasting.windowSeconds (0: the lead time only)")
+    p.add_argument("--model-store", action=argparse.BooleanOptionalAction, default=True,
+                   help="every replica downloads the model from a store on a tc-shaped link (model.uri), so its "
+                        "cold start includes a download, as in production (local cluster, inside Preheat's "
+                        "network namespace); --no-model-store: the built-in model from the node's cache")
+    p.add_argument("--download-s", type=float, default=MS.DEFAULT_DOWNLOAD_S,
+                   help="model store: the link's rate is set so one replica alone downloads the model in this time")
     p.add_argument("--no-history", action="store_true",
                    help="do not write the trace before the slice into Prometheus (the endpoint has no past)")
     p.add_argument("--out", type=Path, default=Path("bench-results/closedloop.json"))
@@ -71,12 +78,21 @@ def summary_line(headline: dict) -> str:
             f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}, "
             f"{'-' if rs is None else f'{rs:.0f}'} replica-s, "
             f"{h.get('pods_started')} pods started, {h.get('scale_actions')} scale actions, "
+            + _cold_start_part(h) +
             f"{h.get('cold_starts_hidden')} cold starts hidden by {h.get('promotions')} promotions, "
             f"serving capacity lead {'-' if lead is None else f'{lead:+.0f} s'}, "
             f"loaded capacity lead {'-' if loaded is None else f'{loaded:+.0f} s'}"
             + _forecast_part(h.get("forecast_orders_ahead") or {})
         )
     return " | ".join(parts)
+
+
+def _cold_start_part(h: dict) -> str:
+    cold, dl = h.get("cold_start_p50_s"), h.get("download_p50_s")
+    if cold is None:
+        return ""
+    return (f"cold start p50 {cold:.0f} s (max {h.get('cold_start_max_s') or 0:.0f} s"
+            + (f", download p50 {dl:.0f} s" if dl else "") + "), ")
 
 
 def _forecast_part(f: dict) -> str:
@@ -111,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --modes must be a comma-separated subset of {', '.join(MODES)}", file=sys.stderr)
         return 2
     register = unregister = start_hpa_metrics = None
+    store = None
     history = None
     kubeconfig, prom = args.kubeconfig, args.prometheus_url
     if kubeconfig is None or prom is None:
@@ -136,11 +153,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: the hpa mode needs prometheus-adapter: {e}", file=sys.stderr)
                 return 2
             start_hpa_metrics = _adapter_starter(cluster)
+        if args.model_store:
+            try:
+                MS.check_netns()
+                store = MS.ModelStore(args.work_dir / "model-store", download_s=args.download_s)
+            except MS.ModelStoreError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         if not args.no_history:
             history = HistoryWriter(cluster.bin_dir / "promtool", cluster.state_dir / "prometheus" / "data", prom)
-    elif not args.no_history:
-        print("note: with --kubeconfig/--prometheus-url the endpoint's past cannot be written into that "
-              "Prometheus; running without it (--no-history)", file=sys.stderr)
+    else:
+        if not args.no_history:
+            print("note: with --kubeconfig/--prometheus-url the endpoint's past cannot be written into that "
+                  "Prometheus; running without it (--no-history)", file=sys.stderr)
+        if args.model_store:
+            print("note: the model store serves on this host's loopback, which that cluster's pods cannot "
+                  "reach; running with the built-in model (--no-model-store)", file=sys.stderr)
 
     from preheat.sim.traces import TraceError
 
@@ -174,7 +202,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"closed loop: {len(arrivals)} requests over {arrivals[-1].t_s:.0f} s per mode, modes {', '.join(modes)}",
           flush=True)
     t0 = time.monotonic()
-    comp = asyncio.run(compare(cfg, arrivals, modes, workload))
+    try:
+        if store is not None:  # the same store and link for every mode
+            try:
+                store.start()
+            except MS.ModelStoreError as e:
+                print(f"error: model store: {e}", file=sys.stderr)
+                return 2
+            cfg.model_uri, cfg.model_sha256, cfg.model_store = store.uri, store.archive.sha256, store.describe()
+            d = cfg.model_store
+            print(f"closed loop: model store {d['uri']}: {d['archive_bytes'] / 1e6:.2f} MB at "
+                  f"{d['rate_bit_s'] / 1e6:.2f} Mbit/s shared by all replicas ({d['download_alone_s']:.0f} s alone; "
+                  f"like {d['equivalent']})", flush=True)
+        comp = asyncio.run(compare(cfg, arrivals, modes, workload))
+        if store is not None:  # every replica of every mode: n downloads of the archive
+            comp.config["model_store"] = {**cfg.model_store, "link_bytes_sent": store.sent_bytes()}
+    finally:
+        if store is not None:
+            store.stop()
     out = comp.to_json()
     out["wall_s"] = time.monotonic() - t0
     out["machine"] = machine_record()

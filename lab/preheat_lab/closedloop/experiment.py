@@ -40,6 +40,7 @@ from preheat_lab.loadgen import Arrival, EndpointSliceWatcher, ReplayConfig, Rep
 
 from . import hpa as H
 from . import metrics as M
+from . import modelstore as MS
 from .history import HistoryWriter, ReloadWatch, TraceClock, history_visible
 from .sampler import GROUP, PLURAL, VERSION, Sampler
 
@@ -97,6 +98,12 @@ class LoopConfig:
     # has an hpa mode; returns what it started, for the JSON). None: the cluster already serves it.
     hpa_rate_window: str | None = None
     start_hpa_metrics: Callable[[dict], Any] | None = None
+    # The weights: None serves the built-in `model` from the node's cache (a cold start of seconds); a
+    # URI (the model store, modelstore.py) makes every replica download them first, as in production.
+    # `model_store` describes what the store emulates, for the JSON.
+    model_uri: str | None = None
+    model_sha256: str | None = None
+    model_store: dict | None = None
 
     def hpa_rules(self) -> dict:
         return H.adapter_rules(self.hpa_rate_window or self.window)
@@ -117,7 +124,8 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
         "kind": "InferenceEndpoint",
         "metadata": {"name": cfg.endpoint, "labels": {"preheat.dev/experiment": f"closedloop-{mode}"}},
         "spec": {
-            "model": {"builtin": cfg.model},
+            "model": ({"uri": cfg.model_uri, **({"sha256": cfg.model_sha256} if cfg.model_sha256 else {})}
+                      if cfg.model_uri else {"builtin": cfg.model}),
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
             "server": {"maxNumSeqs": cfg.max_num_seqs, "maxQueue": cfg.max_queue, "drainTimeoutSeconds": 5},
             "scaling": {
@@ -334,6 +342,7 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
     target = f"closedloop-operator-{namespace}"
     sampler = Sampler(api, namespace, cfg.endpoint, cfg.sample_interval_s)
     result: dict[str, Any] = {"mode": mode, "namespace": namespace}
+    t_mode = time.time()
     try:
         operator.start()
         if cfg.register_target:
@@ -384,6 +393,11 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
         if "history" in result:
             result["history"]["operator_rebuild"] = rebuilt
         result["operator_alive_at_end"] = operator.alive()
+        # download + load per pod, as each model server reported it, beside creation -> Ready
+        result["pod_cold_starts"] = await asyncio.to_thread(
+            MS.pod_cold_starts, cfg.prometheus_url, namespace, cfg.endpoint, t_mode, M.cold_start_by_pod(sampler.samples))
+        result["operator_cold_start_s"] = next((s.status.get("coldStartSeconds") for s in reversed(sampler.samples)
+                                                if s.status.get("coldStartSeconds") is not None), None)
     finally:
         await sampler.stop()
         if mode == "hpa":  # before the endpoint goes, so nothing scales what is being deleted
@@ -513,6 +527,20 @@ def scale_actions(events: Sequence[dict], scaler_decisions: Sequence[dict] | Non
     return sum(1 for e in events if e.get("reason") in ("ScaledUp", "ScaledDown"))
 
 
+def cold_start_headline(r: dict) -> dict:
+    """Median and max cold start (creation -> Ready) and download of the run's pods, and the cold
+    start the operator plans its lead time with (status.coldStartSeconds)."""
+    def stats(xs: list) -> tuple[float | None, float | None]:
+        xs = [float(x) for x in xs if x is not None]
+        return (float(np.median(xs)), max(xs)) if xs else (None, None)
+
+    rows = r.get("pod_cold_starts") or []
+    cold = stats(r.get("cold_start_s") or [])
+    download = stats([p.get("download_s") for p in rows])
+    return {"cold_start_p50_s": cold[0], "cold_start_max_s": cold[1], "download_p50_s": download[0],
+            "download_max_s": download[1], "operator_cold_start_s": r.get("operator_cold_start_s")}
+
+
 def _f(v: Any) -> float | None:
     try:
         return None if v is None else float(v)
@@ -544,6 +572,7 @@ class Comparison:
                 "max_serving": r.get("max_serving"),
                 "scale_actions": r.get("scale_actions"),
                 "pods_started": r.get("pods_started"),
+                **cold_start_headline(r),
                 "forecast_orders_ahead": M.forecast_summary(r.get("forecast_lead", [])),
             }
         return out

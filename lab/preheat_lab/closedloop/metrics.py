@@ -112,19 +112,30 @@ def reaction_times(decisions: Sequence[dict], samples: Sequence[Sample]) -> list
     return out
 
 
-def cold_start_seconds(samples: Sequence[Sample]) -> list[float]:
-    """Creation → Ready, per pod that became Ready: the Ready condition's transition time when the
-    sample carries it (pods that became Ready before sampling began count right), else the first
-    sample that saw it Ready (an upper bound by one sample period)."""
+def _cold_starts(samples: Sequence[Sample], key: str) -> dict[str, float]:
     first_ready: dict[str, float] = {}
     created: dict[str, float] = {}
     for s in sorted(samples, key=lambda s: s.t_s):
         for p in s.pods:
-            created.setdefault(p.uid, p.created_s)
+            k = getattr(p, key)
+            created.setdefault(k, p.created_s)
             if p.ready:
                 since = p.ready_since_s
-                first_ready.setdefault(p.uid, min(since, s.t_s) if since is not None else s.t_s)
-    return [first_ready[u] - created[u] for u in first_ready if first_ready[u] - created[u] > 0]
+                first_ready.setdefault(k, min(since, s.t_s) if since is not None else s.t_s)
+    return {k: first_ready[k] - created[k] for k in first_ready if first_ready[k] - created[k] > 0}
+
+
+def cold_start_seconds(samples: Sequence[Sample]) -> list[float]:
+    """Creation → Ready, per pod that became Ready: the Ready condition's transition time when the
+    sample carries it (pods that became Ready before sampling began count right), else the first
+    sample that saw it Ready (an upper bound by one sample period)."""
+    return list(_cold_starts(samples, "uid").values())
+
+
+def cold_start_by_pod(samples: Sequence[Sample]) -> dict[str, float]:
+    """`cold_start_seconds` keyed by pod name (unique within a run's namespace), to set beside what
+    each pod's model server reports about its own cold start."""
+    return _cold_starts(samples, "name")
 
 
 def need_series(offered_t: np.ndarray, offered_rps: np.ndarray, target_per_replica: float,

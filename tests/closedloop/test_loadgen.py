@@ -23,6 +23,7 @@ from preheat_lab.loadgen import (
     Arrival,
     ReplayConfig,
     Replayer,
+    RequestRecord,
     StaticEndpoints,
     TokenShaping,
     check_loopback,
@@ -327,3 +328,67 @@ def test_benchmark_range_pod_addresses_only_when_this_host_owns_them():
             check_loopback(addr)
     with pytest.raises(ValueError, match="not local"):
         check_loopback("198.20.0.1:8000")  # outside the range, never
+
+
+class StreamingServer:
+    """Answers completions as server-sent events: an empty role chunk, the first text chunk after
+    `first_s`, the rest after `rest_s`, a usage chunk and `[DONE]` (or, with `cut`, stops early)."""
+
+    def __init__(self, first_s: float = 0.05, rest_s: float = 0.1, cut: bool = False):
+        self.first_s, self.rest_s, self.cut = first_s, rest_s, cut
+        self.bodies: list[dict] = []
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.complete)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        import json
+
+        body = await request.json()
+        self.bodies.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def send(obj) -> None:
+            await resp.write(f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode())
+
+        await send({"choices": [{"index": 0, "text": ""}]})
+        await asyncio.sleep(self.first_s)
+        await send({"choices": [{"index": 0, "text": "a"}]})
+        await asyncio.sleep(self.rest_s)
+        await send({"choices": [{"index": 0, "text": "b"}]})
+        if not self.cut:
+            await send({"choices": [], "usage": {"completion_tokens": 2}})
+            await send("[DONE]")
+        await resp.write_eof()
+        return resp
+
+    async def __aenter__(self) -> StreamingServer:
+        await self.server.start_server()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.close()
+
+
+async def test_streamed_requests_record_the_first_tokens_arrival_and_ttft_attainment():
+    async with StreamingServer() as srv:
+        cfg = ReplayConfig(slo_s=5.0, model="tiny", stream=True)
+        recs = await Replayer(StaticEndpoints([f"127.0.0.1:{srv.server.port}"]), cfg).run(burst(5))
+    assert all(b["stream"] is True and b["stream_options"] == {"include_usage": True} for b in srv.bodies)
+    assert all(r.status == 200 and r.output_tokens == 2 for r in recs)
+    # the first text chunk, not the empty one before it nor the end of the stream
+    assert all(r.ttft_s >= srv.first_s and r.latency_s > r.ttft_s for r in recs)
+    assert recs[0].to_dict()["ttft_s"] == recs[0].ttft_s
+    assert summarize(recs, 5.0, ttft_slo_s=60.0)["ttft_slo_attainment"] == 1.0
+    tight = summarize(recs, 5.0, ttft_slo_s=srv.first_s / 2)
+    assert tight["ttft_slo_attainment"] == 0.0 and tight["slo_attainment"] == 1.0
+    assert "ttft_slo_attainment" not in summarize([RequestRecord(0, 0.0, 8, 4, status=200, done_s=1.0)], 5.0)
+
+
+async def test_a_stream_cut_before_done_is_no_answer():
+    async with StreamingServer(first_s=0.0, rest_s=0.0, cut=True) as srv:
+        cfg = ReplayConfig(slo_s=5.0, model="tiny", stream=True, queue_timeout_s=0.0)
+        recs = await Replayer(StaticEndpoints([f"127.0.0.1:{srv.server.port}"]), cfg).run(burst(2))
+    assert all(r.status == 0 and not r.slo_met and "DONE" in r.error for r in recs)
+    assert all(r.ttft_s is None for r in recs)

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", type=Path, help="with --service (default: $KUBECONFIG)")
     p.add_argument("--namespace", default="default", help="with --service")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="latency budget per request")
+    p.add_argument("--stream", action="store_true", help="stream the answers and measure time to first token")
+    p.add_argument("--ttft-slo-ms", type=float, default=None, help="with --stream: time-to-first-token budget")
     p.add_argument("--queue-timeout-s", type=float, default=10.0, help="client-side wait for a serving pod")
     p.add_argument("--request-timeout-s", type=float, default=30.0)
     p.add_argument("--max-requests", type=int, default=5000)
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def _run(args: argparse.Namespace, arrivals: list) -> tuple[dict, list]:
     cfg = ReplayConfig(slo_s=args.slo_ms / 1000, queue_timeout_s=args.queue_timeout_s,
                        request_timeout_s=args.request_timeout_s, max_requests=args.max_requests,
-                       max_duration_s=args.max_duration_s, model=args.model)
+                       max_duration_s=args.max_duration_s, model=args.model, stream=args.stream)
 
     async def replay(source) -> list:
         rp = Replayer(source, cfg)
@@ -69,7 +71,8 @@ async def _run(args: argparse.Namespace, arrivals: list) -> tuple[dict, list]:
             records = await replay(eps)
     else:
         records = await replay(StaticEndpoints(args.address))
-    return summarize(records, cfg.slo_s), records
+    ttft_slo = args.ttft_slo_ms / 1000 if args.ttft_slo_ms else None
+    return summarize(records, cfg.slo_s, ttft_slo), records
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,12 +9,16 @@ for at most `queue_timeout_s`; if none appears they are recorded as failed with 
 as SLO misses. A connection refused or reset (a pod that just left the Service) is retried on
 another ready replica while the request's deadline allows; HTTP errors (429 from a full server
 queue, 503 while draining) are recorded, not retried, and are SLO misses.
+
+With `stream=True` each request asks for server-sent events and the first chunk that carries text
+marks its first token: time to first token (TTFT) from the scheduled time, as a user sees it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import math
 import time
@@ -55,14 +59,20 @@ class RequestRecord:
     output_tokens: int = 0
     error: str | None = None
     slo_met: bool = False
+    first_token_s: float | None = None  # streamed requests: when the first text chunk arrived
 
     @property
     def latency_s(self) -> float | None:
         return None if self.done_s is None else self.done_s - self.scheduled_s
 
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.scheduled_s
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["latency_s"] = self.latency_s
+        d["ttft_s"] = self.ttft_s
         return d
 
 
@@ -77,12 +87,17 @@ class ReplayConfig:
     max_duration_s: float = 900.0
     model: str | None = None  # `model` field; None = ask the first replica's /v1/models
     temperature: float = 0.0
+    stream: bool = False  # server-sent events: records the first token's arrival (TTFT)
 
     def __post_init__(self) -> None:
         if self.slo_s <= 0 or self.queue_timeout_s < 0 or self.request_timeout_s <= 0:
             raise ValueError("slo_s and request_timeout_s must be > 0, queue_timeout_s >= 0")
         if self.max_requests < 1 or self.max_duration_s <= 0:
             raise ValueError("max_requests must be >= 1 and max_duration_s > 0")
+
+
+class _StreamCut(Exception):
+    """A streamed answer that ended before `[DONE]`."""
 
 
 @dataclass
@@ -204,17 +219,55 @@ class Replayer:
             rec.done_s = self.now()
         rec.slo_met = rec.status == 200 and (rec.latency_s or math.inf) <= cfg.slo_s
 
+    async def _read_stream(self, r: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+        """Server-sent events until `[DONE]`: the first chunk with text is the first token; the usage
+        chunk (stream_options.include_usage) gives the tokens generated. A stream cut short is no
+        answer (status 0): the user did not get the completion."""
+        chunks = 0
+        try:
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                data = json.loads(payload)
+                if any((c.get("text") or "") for c in data.get("choices") or []):
+                    chunks += 1
+                    if rec.first_token_s is None:
+                        rec.first_token_s = self.now()
+                usage = data.get("usage") or {}
+                if usage.get("completion_tokens") is not None:
+                    rec.output_tokens = int(usage["completion_tokens"])
+            else:
+                raise aiohttp.ClientPayloadError("stream ended without [DONE]")
+        except (aiohttp.ClientPayloadError, ValueError) as e:
+            rec.status, rec.first_token_s = 0, None
+            raise _StreamCut(f"{type(e).__name__}: {e}") from e
+        rec.output_tokens = rec.output_tokens or chunks
+        if rec.first_token_s is None:  # an answer with no text: its end is the first thing the user sees
+            rec.first_token_s = self.now()
+
     async def _send(self, session: aiohttp.ClientSession, rec: RequestRecord, address: str) -> bool:
         """One attempt; True when the request should be retried on another replica."""
         body = {"prompt": prompt_text(rec.index, rec.prompt_tokens), "max_tokens": rec.max_tokens,
                 "temperature": self.config.temperature}
         if self._model:
             body["model"] = self._model
+        if self.config.stream:
+            body.update(stream=True, stream_options={"include_usage": True})
         self._outstanding.counts[address] = self._outstanding.counts.get(address, 0) + 1
         try:
             async with session.post(f"http://{address}/v1/completions", json=body) as r:
                 rec.status = r.status
-                if r.status == 200:
+                if r.status == 200 and self.config.stream:
+                    try:
+                        await self._read_stream(r, rec)
+                        rec.error = None
+                    except _StreamCut as e:
+                        rec.error = str(e)
+                elif r.status == 200:
                     data = await r.json()
                     rec.output_tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
                     rec.error = None
@@ -236,10 +289,19 @@ class Replayer:
             self._outstanding.counts[address] -= 1
 
 
-def summarize(records: Sequence[RequestRecord], slo_s: float) -> dict:
-    """SLO attainment, latency percentiles and outcome counts over a whole replay."""
+def summarize(records: Sequence[RequestRecord], slo_s: float, ttft_slo_s: float | None = None) -> dict:
+    """SLO attainment, latency percentiles and outcome counts over a whole replay; with `ttft_slo_s`
+    and streamed requests also TTFT attainment (first token within it of the scheduled time ÷ all
+    requests sent) and TTFT percentiles over the requests answered 200."""
     n = len(records)
     lat = sorted(r.latency_s for r in records if r.status == 200 and r.latency_s is not None)
+    ttft = sorted(r.ttft_s for r in records if r.status == 200 and r.ttft_s is not None)
+    ttft_part = {}
+    if ttft:
+        met = sum(1 for r in records if r.status == 200 and r.ttft_s is not None and ttft_slo_s is not None
+                  and r.ttft_s <= ttft_slo_s)
+        ttft_part = {"ttft_slo_s": ttft_slo_s, "ttft_slo_attainment": (met / n) if n and ttft_slo_s else None,
+                     "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99)}
     by_status: dict[str, int] = {}
     for r in records:
         key = str(r.status) if r.status else "no-answer"
@@ -254,6 +316,7 @@ def summarize(records: Sequence[RequestRecord], slo_s: float) -> dict:
         "p99_latency_s": percentile(lat, 99),
         "by_status": by_status,
         "retried": sum(1 for r in records if r.attempts > 1),
+        **ttft_part,
     }
 
 

@@ -130,7 +130,7 @@ def test_modes_share_the_endpoint_and_differ_in_the_operator_switch(tmp_path):
     assert "--reactive-only" in OperatorProcess(cfg, "ns", "reactive", tmp_path / "log").argv()
     assert "--reactive-only" not in OperatorProcess(cfg, "ns", "preheat", tmp_path / "log").argv()
     with pytest.raises(ValueError, match="mode"):
-        endpoint_manifest(cfg, "keda")
+        endpoint_manifest(cfg, "knative")
 
 
 def test_analysis_and_plot_of_a_recorded_run(tmp_path):

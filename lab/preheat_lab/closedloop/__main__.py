@@ -1,10 +1,11 @@
-"""`python -m preheat_lab.closedloop`: run preheat against reactive-only and the real HPA on a cluster.
+"""`python -m preheat_lab.closedloop`: run preheat against reactive-only and the real HPA, KEDA and
+AIBrix on a cluster.
 
 Writes the JSON (`--out`), a PNG (`--plot`) and prints live progress plus a one-line summary.
 Without `--kubeconfig` it uses the local cluster in `--cluster-state` (default `.cluster`), whose
-Prometheus also scrapes the operator's /metrics through file service discovery; with the `hpa` mode
-it also starts prometheus-adapter there (once; `bash cluster/build-peers.sh prometheus-adapter` builds
-it). With `--kubeconfig`, the cluster must serve the custom metrics API for the hpa mode itself.
+Prometheus also scrapes the operator's /metrics through file service discovery; with the `hpa`, `keda`
+or `aibrix` mode it also starts that peer there (once; `bash cluster/build-peers.sh
+prometheus-adapter|keda|aibrix` builds it). With `--kubeconfig`, the cluster must run the peers itself.
 """
 
 from __future__ import annotations
@@ -40,12 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compress", type=float, default=W.COMPRESS, help="time compression factor")
     p.add_argument("--rate-scale", type=float, default=W.RATE_SCALE, help="multiply the trace's request rate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="preheat,reactive", help=f"comma-separated subset of {', '.join(MODES)}")
+    p.add_argument("--modes", "--autoscalers", dest="modes", default="preheat,reactive",
+                   help=f"comma-separated subset of {', '.join(MODES)}, run back to back in this order")
     p.add_argument("--hpa-rate-window", default=None,
                    help="hpa mode: prometheus-adapter's rate window (default: the window Preheat's rate reads, 20s)")
+    p.add_argument("--aibrix-request-s", type=float, default=None,
+                   help="aibrix mode: seconds a request spends in a replica, for its Little's-law target "
+                        "(default: aibrix.DEFAULT_REQUEST_S, one replica load-tested at the per-replica rate)")
     p.add_argument("--target-per-replica", type=float, default=1.5, help="requests/s one serving replica takes")
     p.add_argument("--max-replicas", type=int, default=5)
     p.add_argument("--slo-ms", type=float, default=3000.0, help="end-to-end latency budget per request")
+    p.add_argument("--ttft-slo-ms", type=float, default=1000.0, help="time-to-first-token budget per request")
+    p.add_argument("--no-stream", action="store_true",
+                   help="send non-streamed requests (no time to first token is measured)")
     p.add_argument("--interval-s", type=float, default=3.0, help="the operator's decision interval")
     p.add_argument("--max-num-seqs", type=int, default=2, help="model-server slots per replica")
     p.add_argument("--max-queue", type=int, default=4, help="model-server queue bound (429 beyond)")
@@ -74,10 +82,13 @@ def summary_line(headline: dict) -> str:
         rs = h.get("replica_seconds")
         lead = h.get("mean_capacity_lead_s")
         loaded = h.get("mean_loaded_capacity_lead_s")
+        ttft = h.get("ttft_slo_attainment")
         parts.append(
-            f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}, "
+            f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}"
+            + ("" if ttft is None else f" (TTFT {ttft:.1%})") + ", "
             f"{'-' if rs is None else f'{rs:.0f}'} replica-s, "
             f"{h.get('pods_started')} pods started, {h.get('scale_actions')} scale actions, "
+            f"{h.get('cold_start_waits')} requests waited on a cold start, "
             + _cold_start_part(h) +
             f"{h.get('cold_starts_hidden')} cold starts hidden by {h.get('promotions')} promotions, "
             f"serving capacity lead {'-' if lead is None else f'{lead:+.0f} s'}, "
@@ -118,6 +129,44 @@ def _adapter_starter(cluster):
     return start
 
 
+_PEER_BINARIES = {"hpa": (("prometheus-adapter", "prometheus-adapter"),),
+                  "keda": (("keda-operator", "keda"), ("keda-adapter", "keda")),
+                  "aibrix": (("aibrix-controllers", "aibrix"),)}
+
+
+def _peer_starter(cluster):
+    """KEDA or AIBrix on the local cluster (idempotent: one already running is kept)."""
+
+    def start(mode: str) -> dict:
+        print(f"closed loop: starting {mode} on the local cluster", flush=True)
+        t0 = time.monotonic()
+        if mode == "keda":
+            from preheat_cluster.peers_keda import start_keda
+
+            version = start_keda(cluster)
+        else:
+            from preheat_cluster.peers_aibrix import start_aibrix
+
+            version = start_aibrix(cluster)
+        return {mode: version, "start_s": round(time.monotonic() - t0, 1)}
+
+    return start
+
+
+def _missing_peers(cluster, modes: list[str]) -> str | None:
+    """The first peer binary a mode needs that is not built, as an error line (None: all there)."""
+    from preheat_cluster import ClusterError
+    from preheat_cluster.peers import peer_binary
+
+    for mode in modes:
+        for name, build in _PEER_BINARIES.get(mode, ()):
+            try:
+                peer_binary(cluster, name, build)
+            except ClusterError as e:
+                return f"the {mode} mode needs {name}: {e}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -126,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not modes:
         print(f"error: --modes must be a comma-separated subset of {', '.join(MODES)}", file=sys.stderr)
         return 2
-    register = unregister = start_hpa_metrics = None
+    register = unregister = start_hpa_metrics = start_peer = None
     store = None
     history = None
     kubeconfig, prom = args.kubeconfig, args.prometheus_url
@@ -143,15 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig = kubeconfig or cluster.kubeconfig
         prom = prom or cluster.prometheus_url
         register, unregister = cluster.register_scrape_target, cluster.unregister_scrape_target
+        missing = _missing_peers(cluster, modes)
+        if missing:
+            print(f"error: {missing}", file=sys.stderr)
+            return 2
         if "hpa" in modes:
-            from preheat_cluster import ClusterError
-            from preheat_cluster.peers import adapter_binary
-
-            try:
-                adapter_binary(cluster)
-            except ClusterError as e:
-                print(f"error: the hpa mode needs prometheus-adapter: {e}", file=sys.stderr)
-                return 2
             start_hpa_metrics = _adapter_starter(cluster)
         if args.model_store:
             try:
@@ -160,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             except MS.ModelStoreError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
+        start_peer = _peer_starter(cluster)
         if not args.no_history:
             history = HistoryWriter(cluster.bin_dir / "promtool", cluster.state_dir / "prometheus" / "data", prom)
     else:
@@ -191,13 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = LoopConfig(
         kubeconfig=Path(kubeconfig), prometheus_url=str(prom), out_dir=args.work_dir,
         target_per_replica=args.target_per_replica, max_replicas=args.max_replicas, slo_ms=args.slo_ms,
-        interval_s=args.interval_s, max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
+        interval_s=args.interval_s, ttft_slo_ms=args.ttft_slo_ms, stream=not args.no_stream,
+        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
         register_target=register, unregister_target=unregister, progress=lambda m: print(m, flush=True),
         forecaster=args.forecaster, time_compression=args.compress,
         forecast_window_s=args.forecast_window_s or None, history=history,
         history_rate=wl.rate if history is not None else None, slice_start_trace_s=wl.slice_start_s,
         history_start_trace_s=wl.history_start_s, hpa_rate_window=args.hpa_rate_window,
-        start_hpa_metrics=start_hpa_metrics,
+        start_hpa_metrics=start_hpa_metrics, start_peer=start_peer, aibrix_request_s=args.aibrix_request_s,
     )
     print(f"closed loop: {len(arrivals)} requests over {arrivals[-1].t_s:.0f} s per mode, modes {', '.join(modes)}",
           flush=True)

@@ -8,6 +8,11 @@ One run of `compare()` plays the same schedule once per mode, sequentially:
 * `hpa`: the real Kubernetes HPA (kube-controller-manager's) scales the endpoint's Deployment on the
   model server's request rate through prometheus-adapter; the operator runs the endpoint in
   `scaling.mode: Preview` (creates its objects, writes status, never touches replicas). See hpa.py.
+* `keda`: a KEDA ScaledObject (prometheus trigger on Preheat's own rate query) scales it; keda.py.
+* `aibrix`: an AIBrix PodAutoscaler (KPA on vllm:num_requests_running scraped from the pods); aibrix.py.
+
+The three peers scale the same endpoint in Preview mode, each configured as its documentation
+recommends for request-rate scaling of an inference server, with its own defaults otherwise.
 
 For each mode it creates a namespace, starts `preheat operator` scoped to it (its /metrics
 registered as a Prometheus scrape target when the cluster offers that), applies an
@@ -38,7 +43,9 @@ import numpy as np
 
 from preheat_lab.loadgen import Arrival, EndpointSliceWatcher, ReplayConfig, Replayer, offered_rate, summarize
 
+from . import aibrix as A
 from . import hpa as H
+from . import keda as K
 from . import metrics as M
 from . import modelstore as MS
 from .history import HistoryWriter, ReloadWatch, TraceClock, history_visible
@@ -46,7 +53,9 @@ from .sampler import GROUP, PLURAL, VERSION, Sampler
 
 log = logging.getLogger(__name__)
 
-MODES = ("preheat", "reactive", "hpa")
+MODES = ("preheat", "reactive", "hpa", "keda", "aibrix")
+# Modes in which another autoscaler scales the endpoint (in scaling.mode Preview, no warm pool).
+PEERS = ("hpa", "keda", "aibrix")
 
 
 @dataclass
@@ -66,6 +75,10 @@ class LoopConfig:
     interval_s: float = 3.0
     scale_down_stabilization_s: int = 60
     slo_ms: float = 3000.0
+    # Requests are streamed so the first token's arrival is measured; its SLO is a stated choice (a
+    # second for an interactive answer), reported beside the end-to-end one.
+    ttft_slo_ms: float = 1000.0
+    stream: bool = True
     max_num_seqs: int = 2
     max_queue: int = 4
     window: str = "20s"
@@ -104,18 +117,25 @@ class LoopConfig:
     model_uri: str | None = None
     model_sha256: str | None = None
     model_store: dict | None = None
+    # keda and aibrix modes: what starts that peer on this cluster (called once per comparison with the
+    # mode's name; returns what it started, for the JSON). None: the cluster already runs it.
+    start_peer: Callable[[str], Any] | None = None
+    # aibrix mode: seconds a request spends in a replica, for the Little's-law target (aibrix.py);
+    # None: aibrix.DEFAULT_REQUEST_S, one replica load-tested at its per-replica rate.
+    aibrix_request_s: float | None = None
 
     def hpa_rules(self) -> dict:
         return H.adapter_rules(self.hpa_rate_window or self.window)
 
 
 def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
-    """The InferenceEndpoint of the run: the same in every mode but hpa.
+    """The InferenceEndpoint of the run: the same in every mode but the peers'.
 
     Reactive-only is the operator's own switch (`preheat operator --reactive-only`: forecasts ignored,
-    no warm pool), so preheat and reactive differ in nothing but the scaling mode. In hpa mode the
-    endpoint is in `scaling.mode: Preview` with no warm pool: the Deployment's replicas belong to the
-    HPA (`hpa_manifest`), the rest (model, server, resources, min/max, target) is the same.
+    no warm pool), so preheat and reactive differ in nothing but the scaling mode. In the peers' modes
+    (hpa, keda, aibrix) the endpoint is in `scaling.mode: Preview` with no warm pool: the Deployment's
+    replicas belong to that autoscaler (`peer_manifest`), the rest (model, server, resources, min/max,
+    target) is the same.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -146,7 +166,7 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
             "prometheus": {"url": cfg.prometheus_url, "window": cfg.window, "panicWindow": cfg.panic_window},
         },
     }
-    if mode == "hpa":
+    if mode in PEERS:
         body["spec"]["scaling"].update(mode="Preview", warmPool={"min": 0, "max": 0})
     return body
 
@@ -170,6 +190,61 @@ def hpa_manifest(cfg: LoopConfig) -> dict:
     return H.hpa_manifest(dep, dep, hpa_per_replica(cfg), cfg.min_replicas, cfg.max_replicas)
 
 
+def keda_manifest(cfg: LoopConfig, namespace: str) -> dict:
+    """The ScaledObject of keda mode: Preheat's own rate query for this endpoint (what the operator
+    reads, over the same window), the per-replica rate the hpa mode's HPA gets, the endpoint's min/max."""
+    from preheat.controller.builders import workload_name
+    from preheat.controller.observe import default_queries
+
+    query = default_queries(namespace, cfg.endpoint, cfg.window, cfg.panic_window)["rate"]
+    return K.scaled_object(workload_name(cfg.endpoint), query=query, per_replica=hpa_per_replica(cfg),
+                           server_address=cfg.prometheus_url, min_replicas=cfg.min_replicas,
+                           max_replicas=cfg.max_replicas)
+
+
+def aibrix_manifest(cfg: LoopConfig, request_s: float) -> dict:
+    """The PodAutoscaler of aibrix mode: KPA on requests running per replica, the per-replica rate the
+    other peers get converted by Little's law with `request_s` (aibrix.running_target)."""
+    from preheat.controller.builders import workload_name
+    from preheat.controller.spec import parse_spec
+
+    port = parse_spec(endpoint_manifest(cfg, "aibrix")["spec"]).server.port
+    return A.pod_autoscaler(workload_name(cfg.endpoint), target_running=A.running_target(hpa_per_replica(cfg), request_s),
+                            min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas, port=port)
+
+
+def peer_manifest(cfg: LoopConfig, mode: str, namespace: str, request_s: float | None = None) -> dict:
+    """The object that makes `mode`'s autoscaler scale the endpoint's Deployment."""
+    if mode == "hpa":
+        return hpa_manifest(cfg)
+    if mode == "keda":
+        return keda_manifest(cfg, namespace)
+    if mode == "aibrix":
+        return aibrix_manifest(cfg, request_s if request_s is not None else A.DEFAULT_REQUEST_S)
+    raise ValueError(f"{mode!r} is not a peer mode ({', '.join(PEERS)})")
+
+
+_PEER_API = {"hpa": H, "keda": K, "aibrix": A}
+
+
+def _peer_record(api: Any, core: Any, mode: str, namespace: str, name: str, t0_wall: float,
+                 start_replicas: int) -> tuple[list[dict], dict, list[dict]]:
+    """The peer's own record of the run: the Events its decisions come from, its status, and those
+    decisions. KEDA's decisions are those of the HPA it made; AIBrix's are its PodAutoscaler's Events
+    (the same "New size: N; reason: …" message)."""
+    if mode == "aibrix":
+        events = H.rescale_events(core, namespace, name, t0_wall, kind=A.KIND)
+        status = A.read_status(api, namespace, name)
+    elif mode == "keda":
+        events = H.rescale_events(core, namespace, K.hpa_name(name), t0_wall)
+        status = {"scaledObject": K.read_status(api, namespace, name),
+                  "hpa": H.read_status(api, namespace, K.hpa_name(name))}
+    else:
+        events = H.rescale_events(core, namespace, name, t0_wall)
+        status = H.read_status(api, namespace, name)
+    return events, status, H.rescale_decisions(events, start_replicas, reason=mode)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,8 +262,8 @@ class OperatorProcess:
     def argv(self) -> list[str]:
         argv = [*self.cfg.operator_cmd, "--namespace", self.namespace, "--metrics-port", str(self.metrics_port),
                 "--prometheus-url", self.cfg.prometheus_url]
-        if self.mode in ("reactive", "hpa"):
-            # hpa: the endpoint is in Preview (nothing applied); no forecast is drawn for a mode that has none
+        if self.mode == "reactive" or self.mode in PEERS:
+            # peers: the endpoint is in Preview (nothing applied); no forecast is drawn for a mode that has none
             argv.append("--reactive-only")
         return argv
 
@@ -328,8 +403,10 @@ async def _install_history(cfg: LoopConfig, custom: Any, namespace: str, watch: 
     return t0, info
 
 
-async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watch: ReloadWatch | None = None) -> dict:
-    """One closed-loop run in a fresh namespace; returns its figures (and keeps raw data for the plot)."""
+async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watch: ReloadWatch | None = None,
+                   request_s: float | None = None) -> dict:
+    """One closed-loop run in a fresh namespace; returns its figures (and keeps raw data for the plot).
+    `request_s`: aibrix mode's measured request time (aibrix_manifest)."""
     from kubernetes import client, config
 
     api = config.new_client_from_config(config_file=str(cfg.kubeconfig))
@@ -349,15 +426,15 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
             cfg.register_target(target, f"127.0.0.1:{operator.metrics_port}", {"job": "preheat-operator", "mode": mode})
         await asyncio.to_thread(custom.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
                                 endpoint_manifest(cfg, mode))
-        if mode == "hpa":
-            result["hpa"] = hpa_manifest(cfg)
-            await asyncio.to_thread(H.create, api, namespace, result["hpa"])
+        if mode in PEERS:
+            result[mode] = peer_manifest(cfg, mode, namespace, request_s)
+            await asyncio.to_thread(_PEER_API[mode].create, api, namespace, result[mode])
         want = cfg.min_replicas + (cfg.warm_pool_min if mode == "preheat" else 0)
         say(f"[{mode}] waiting for {want} Ready pod(s) in {namespace}")
         result["startup_s"] = await _wait_ready(cfg, core, namespace, want, operator)
         say(f"[{mode}] ready after {result['startup_s']:.0f} s; replaying {len(arrivals)} requests")
 
-        replay_cfg = ReplayConfig(slo_s=cfg.slo_ms / 1000, queue_timeout_s=cfg.queue_timeout_s,
+        replay_cfg = ReplayConfig(slo_s=cfg.slo_ms / 1000, queue_timeout_s=cfg.queue_timeout_s, stream=cfg.stream,
                                   max_duration_s=max(a.t_s for a in arrivals) + 1 if arrivals else 1)
         async with EndpointSliceWatcher(None, namespace, cfg.endpoint, port_name="http", api_client=api) as eps:
             replayer = Replayer(eps, replay_cfg)
@@ -381,12 +458,9 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
         t_end = max((r.done_s or 0) for r in records) if records else 0.0
         events = await asyncio.to_thread(_events, core, namespace, cfg.endpoint, t0_wall)
         scaler = None
-        if mode == "hpa":
-            name = result["hpa"]["metadata"]["name"]
-            hpa_events = await asyncio.to_thread(H.rescale_events, core, namespace, name, t0_wall)
-            scaler = H.rescale_decisions(hpa_events, cfg.min_replicas)
-            result["hpa_events"] = hpa_events
-            result["hpa_status"] = await asyncio.to_thread(H.read_status, api, namespace, name)
+        if mode in PEERS:
+            result[f"{mode}_events"], result[f"{mode}_status"], scaler = await asyncio.to_thread(
+                _peer_record, api, core, mode, namespace, result[mode]["metadata"]["name"], t0_wall, cfg.min_replicas)
         result.update(analyse(cfg, records, sampler.samples, arrivals, t_end, t0_wall, events, scaler))
         rebuilt = next((s.status.get("forecasterRebuild") for s in reversed(sampler.samples)
                         if s.status.get("forecasterRebuild")), None)
@@ -400,9 +474,9 @@ async def run_mode(cfg: LoopConfig, mode: str, arrivals: Sequence[Arrival], watc
                                                 if s.status.get("coldStartSeconds") is not None), None)
     finally:
         await sampler.stop()
-        if mode == "hpa":  # before the endpoint goes, so nothing scales what is being deleted
+        if mode in PEERS and mode in result:  # the peer's object, before the endpoint goes, so nothing scales what is being deleted
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(H.delete, api, namespace, hpa_manifest(cfg)["metadata"]["name"])
+                await asyncio.to_thread(_PEER_API[mode].delete, api, namespace, result[mode]["metadata"]["name"])
         await _teardown(cfg, core, custom, namespace, operator)
         if cfg.unregister_target:
             with contextlib.suppress(Exception):
@@ -466,9 +540,9 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
             scaler_decisions: Sequence[dict] | None = None) -> dict:
     """Every figure of one mode's run (JSON-able), plus the series the plot draws.
 
-    `scaler_decisions`: when another autoscaler scales the endpoint (hpa mode: its rescale Events,
-    `hpa.rescale_decisions`), its decisions replace the operator's, which were only a preview."""
-    summary = summarize(records, cfg.slo_ms / 1000)
+    `scaler_decisions`: when another autoscaler scales the endpoint (the peers' modes: its rescale
+    Events, `hpa.rescale_decisions`), its decisions replace the operator's, which were only a preview."""
+    summary = summarize(records, cfg.slo_ms / 1000, cfg.ttft_slo_ms / 1000 if cfg.stream else None)
     off_t, off_r = offered_rate(arrivals, 1.0)
     need_t, need = M.need_series(off_t, off_r, cfg.target_per_replica)
     proms = M.promotions(samples, cfg.interval_s + cfg.sample_interval_s)
@@ -480,11 +554,19 @@ def analyse(cfg: LoopConfig, records: Sequence, samples: Sequence[M.Sample], arr
     vt, vc = M.violations_per_bin(records, 5.0, t_end)
     orders = M.serving_orders(events, decs) if scaler_decisions is None else M.serving_orders((), decs)
     cold = M.cold_start_seconds(samples)
+    served = [r.done_s - r.sent_s for r in records if r.status == 200 and r.done_s is not None and r.sent_s is not None]
     return {
         "slo": summary,
         "slo_attainment": summary["slo_attainment"],
+        "cold_start_waits": M.cold_start_waits(records, samples, need_t, need),
+        # send -> answer of the requests served: the time a request spends in a replica (aibrix.py)
+        "request_s_mean": float(np.mean(served)) if served else None,
+        "request_s_count": len(served),
         "p50_latency_s": summary["p50_latency_s"],
         "p99_latency_s": summary["p99_latency_s"],
+        "ttft_slo_attainment": summary.get("ttft_slo_attainment"),
+        "ttft_p50_s": summary.get("ttft_p50_s"),
+        "ttft_p99_s": summary.get("ttft_p99_s"),
         "replica_seconds": rs,
         "promotions": len(proms),
         "cold_starts_hidden": sum(1 for p in proms if p["hid_cold_start"]),
@@ -564,6 +646,9 @@ class Comparison:
                 "slo_attainment": r.get("slo_attainment"),
                 "p50_latency_s": r.get("p50_latency_s"),
                 "p99_latency_s": r.get("p99_latency_s"),
+                "ttft_slo_attainment": r.get("ttft_slo_attainment"),
+                "ttft_p50_s": r.get("ttft_p50_s"),
+                "ttft_p99_s": r.get("ttft_p99_s"),
                 "replica_seconds": r.get("replica_seconds", {}).get("total"),
                 "promotions": r.get("promotions"),
                 "cold_starts_hidden": r.get("cold_starts_hidden"),
@@ -573,17 +658,21 @@ class Comparison:
                 "scale_actions": r.get("scale_actions"),
                 "pods_started": r.get("pods_started"),
                 **cold_start_headline(r),
+                "cold_start_waits": (r.get("cold_start_waits") or {}).get("requests"),
+                "cold_start_waits_missed_slo": (r.get("cold_start_waits") or {}).get("missed_slo"),
                 "forecast_orders_ahead": M.forecast_summary(r.get("forecast_lead", [])),
             }
         return out
 
     def to_json(self) -> dict:
-        return {"headline": self.headline(), "config": self.config, "workload": self.workload, "modes": self.modes}
+        # the modes ran one after the other on the same arrivals (the machine has room for one at a time)
+        return {"headline": self.headline(), "schedule": "back-to-back", "config": self.config,
+                "workload": self.workload, "modes": self.modes}
 
 
 async def compare(cfg: LoopConfig, arrivals: Sequence[Arrival], modes: Sequence[str] = MODES,
                   workload: dict | None = None) -> Comparison:
-    """Run every mode on the same schedule, one after the other."""
+    """Run every mode on the same schedule, one after the other (back to back)."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     skip = {"register_target", "unregister_target", "progress", "kubeconfig"}
     conf = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in skip}
@@ -597,10 +686,34 @@ async def compare(cfg: LoopConfig, arrivals: Sequence[Arrival], modes: Sequence[
         comp.config["hpa_adapter_rules"] = rules = cfg.hpa_rules()
         if cfg.start_hpa_metrics is not None:  # once: prometheus-adapter behind the custom metrics API
             comp.config["hpa_metrics"] = await asyncio.to_thread(cfg.start_hpa_metrics, rules)
+    for mode in ("keda", "aibrix"):
+        if mode in modes and cfg.start_peer is not None:  # once per run, before the first mode
+            comp.config[f"{mode}_peer"] = await asyncio.to_thread(cfg.start_peer, mode)
     try:
         for mode in modes:
-            comp.modes[mode] = await run_mode(cfg, mode, arrivals, watch)
+            request_s = None
+            if mode == "aibrix":
+                comp.config["aibrix_target"] = target = aibrix_target(cfg, list(comp.modes.values()))
+                request_s = target["request_s"]
+            comp.modes[mode] = await run_mode(cfg, mode, arrivals, watch, request_s)
     finally:
         if watch is not None:
             watch.stop()
     return comp
+
+
+def aibrix_target(cfg: LoopConfig, earlier: Sequence[dict]) -> dict:
+    """aibrix mode's target and where its request time came from: `cfg.aibrix_request_s` when set,
+    else aibrix.DEFAULT_REQUEST_S (one replica load-tested at its per-replica rate, as a platform team
+    sets a concurrency target). The mean request time of the run's earlier modes is recorded beside
+    it, not used: it mixes in overload and more replicas sharing the CPU (aibrix.py)."""
+    measured = A.request_seconds(earlier)
+    if cfg.aibrix_request_s is not None:
+        request_s, source = cfg.aibrix_request_s, "configured (--aibrix-request-s)"
+    else:
+        request_s, source = A.DEFAULT_REQUEST_S, "one replica load-tested at the per-replica rate (aibrix.DEFAULT_REQUEST_S)"
+    per_replica = hpa_per_replica(cfg)
+    return {"per_replica_rps": per_replica, "request_s": request_s, "request_s_source": source,
+            "running_per_replica": A.running_target(per_replica, request_s),
+            "earlier_modes_request_s": measured[0] if measured else None,
+            "earlier_modes_requests": measured[1] if measured else 0}

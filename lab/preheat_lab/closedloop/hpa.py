@@ -60,10 +60,11 @@ def adapter_rules(window: str) -> dict:
 _NEW_SIZE = re.compile(r"New size: (?P<to>\d+); reason: (?P<why>.*)")
 
 
-def rescale_decisions(events: Sequence[dict], start_replicas: int) -> list[dict]:
+def rescale_decisions(events: Sequence[dict], start_replicas: int, reason: str = "hpa") -> list[dict]:
     """The HPA's `SuccessfulRescale` Events ("New size: 3; reason: pods metric … above target") as
     decisions in the shape the operator's status.lastDecision takes (t_s, from/to, servingFrom/To,
-    reason "hpa"): every replica of the HPA's Deployment serves (Preview mode). Sorted by time."""
+    `reason`: the autoscaler's name): every replica of the scaled Deployment serves (Preview mode).
+    KEDA's HPA writes the same Events, and AIBrix's PodAutoscaler the same message. Sorted by time."""
     out: list[dict] = []
     current = start_replicas
     for e in sorted((e for e in events if e.get("reason") == "SuccessfulRescale" and e.get("t_s") is not None),
@@ -73,7 +74,7 @@ def rescale_decisions(events: Sequence[dict], start_replicas: int) -> list[dict]
             continue
         to = int(m.group("to"))
         out.append({"t_s": float(e["t_s"]), "from": current, "to": to, "servingFrom": current, "servingTo": to,
-                    "reason": "hpa", "detail": m.group("why"), "count": e.get("count") or 1})
+                    "reason": reason, "detail": m.group("why"), "count": e.get("count") or 1})
         current = to
     return out
 
@@ -103,11 +104,12 @@ def read_status(api: Any, namespace: str, name: str) -> dict:
     return api.sanitize_for_serialization(obj.status) or {}
 
 
-def rescale_events(core: Any, namespace: str, name: str, t0_wall: float) -> list[dict]:
-    """The HPA's Events, on the experiment clock. A repeated message is one Event with a count: its
-    first occurrence is the time a replica count was first ordered."""
+def rescale_events(core: Any, namespace: str, name: str, t0_wall: float,
+                   kind: str = "HorizontalPodAutoscaler") -> list[dict]:
+    """The Events of the autoscaler object `kind`/`name`, on the experiment clock. A repeated message is
+    one Event with a count: its first occurrence is the time a replica count was first ordered."""
     items = core.list_namespaced_event(
-        namespace, field_selector=f"involvedObject.kind=HorizontalPodAutoscaler,involvedObject.name={name}").items
+        namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}").items
     out = []
     for e in items:
         when = e.first_timestamp or e.event_time or e.last_timestamp

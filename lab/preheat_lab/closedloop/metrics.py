@@ -181,6 +181,28 @@ def capacity_lead(
     return out
 
 
+def cold_start_waits(records: Sequence, samples: Sequence[Sample], need_t: np.ndarray, need: np.ndarray) -> dict:
+    """Requests that waited on a cold start: scheduled while the offered load needed more serving
+    replicas than were Ready (`need_series`) and a replica was starting (created, not Ready yet), i.e.
+    the missing capacity was in a cold start. A warm pool that covers the need hides it (no request
+    counts); a scale-up that starts pods only when the load is already there shows it. The state at a
+    request's arrival is the last sample at or before it. Returns the count and how many of those
+    requests missed the SLO."""
+    ordered = sorted(samples, key=lambda s: s.t_s)
+    times = np.array([s.t_s for s in ordered], dtype=float)
+    n = missed = 0
+    for r in records:
+        i = int(np.searchsorted(times, r.scheduled_s, side="right")) - 1
+        j = int(np.searchsorted(need_t, r.scheduled_s, side="right")) - 1
+        if i < 0 or j < 0:
+            continue
+        s = ordered[i]
+        if s.starting > 0 and s.serving_ready < need[j]:
+            n += 1
+            missed += 0 if r.slo_met else 1
+    return {"requests": n, "missed_slo": missed}
+
+
 def violations_per_bin(records: Sequence, bin_s: float, t_end: float) -> tuple[np.ndarray, np.ndarray]:
     """SLO misses per bin of scheduled time (for the plot)."""
     edges = np.arange(0.0, max(t_end, bin_s) + bin_s, bin_s)

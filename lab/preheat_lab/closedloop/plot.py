@@ -31,8 +31,11 @@ def plot_comparison(result: dict, path: str | Path, target_per_replica: float) -
         h = result.get("headline", {}).get(mode, {})
         att = h.get("slo_attainment")
         rs = h.get("replica_seconds")
-        ax.set_title(f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}, "
-                     f"{'-' if rs is None else f'{rs:.0f}'} replica-s, hidden cold starts {h.get('cold_starts_hidden')}")
+        ttft = h.get("ttft_slo_attainment")
+        ax.set_title(f"{mode}: SLO {'-' if att is None else f'{att:.1%}'}"
+                     f"{'' if ttft is None else f' (TTFT {ttft:.1%})'}, "
+                     f"{'-' if rs is None else f'{rs:.0f}'} replica-s, hidden cold starts {h.get('cold_starts_hidden')}, "
+                     f"waited on one {h.get('cold_start_waits')}", fontsize=9)
         ax.set_ylabel("requests/s")
         ax.legend(fontsize=7, loc="upper left")
         ax = axes[1][col]
@@ -41,9 +44,10 @@ def plot_comparison(result: dict, path: str | Path, target_per_replica: float) -
         ax.step(st, s["starting"], where="post", color="tab:red", ls=":", label="starting")
         ax.plot(s["offered_t"], s["need"], color="0.5", lw=0.8, label="needed (offered / target)")
         # Orders of more serving replicas, marked by the term that won (forecast: the pre-scaling), or
-        # the HPA's rescales in hpa mode.
+        # the peer's rescales in its mode (hpa, keda, aibrix).
         for reason, marker, color in (("forecast", "^", "tab:orange"), ("reactive", "o", "tab:blue"),
-                                      ("panic", "x", "tab:red"), ("hpa", "s", "tab:brown")):
+                                      ("panic", "x", "tab:red"), ("hpa", "s", "tab:brown"),
+                                      ("keda", "D", "tab:olive"), ("aibrix", "P", "tab:cyan")):
             o = [x for x in r.get("serving_orders", []) if x["reason"] == reason and x["t_s"] >= 0]
             if o:
                 ax.scatter([x["t_s"] for x in o], [x["serving_to"] for x in o], marker=marker, color=color, s=28,

@@ -20,9 +20,10 @@ from preheat.scaling.policy import (
 )
 
 # One replica carries 10 signal units at full utilization: needs are easy to read.
-# Warm replicas at half a serving one's cost: the forecast's margin waits in the warm pool.
+# Warm replicas at a fifth of a serving one's cost, below what one is worth with the default 60 s cold
+# start (lead 120 s, reaction 90 s: 0.25 of a serving replica): the forecast's margin waits warm.
 BASE = PolicyConfig(min_replicas=1, max_replicas=50, target_per_replica=10.0, target_utilization=1.0,
-                    decision_interval_s=15.0, warm_pool_min=0, warm_pool_max=0, warm_cost_fraction=0.5)
+                    decision_interval_s=15.0, warm_pool_min=0, warm_pool_max=0, warm_cost_fraction=0.2)
 
 
 def obs(t: float, value: float | None, current: int, **kw) -> Observation:
@@ -446,3 +447,61 @@ def test_freed_replicas_wait_warm_only_where_warm_is_cheaper() -> None:
     assert (d.serving, d.warm) == (4, 3)  # cheaper warm: freed replicas are demoted for the window
     d, _ = decide(cfg.with_(warm_cost_fraction=1.0), state, obs(15, 40.0, 10))
     assert (d.serving, d.warm) == (4, 0)  # same price: a warm replica would cost what it cost serving
+
+
+def test_a_warm_replica_is_worth_the_cold_starts_share_of_the_lead_time() -> None:
+    # reaction = a decision (15 s) + the whole stable window (60 s) + a scrape (15 s) = 90 s
+    cfg = BASE.with_(default_cold_start_s=30.0)
+    assert lead_time_s(cfg, ()) == 90.0 and cfg.warm_value(90.0) == 0.0
+    assert cfg.warm_value(360.0) == pytest.approx(0.75)
+    assert cfg.warm_value(0.0) == 0.0 and cfg.warm_value(math.nan) == 0.0
+    assert cfg.with_(warm_cost_fraction=0.7).warm_pays(360.0)
+    assert not cfg.with_(warm_cost_fraction=0.8).warm_pays(360.0)
+    assert not cfg.with_(warm_cost_fraction=1.0).warm_pays(3600.0)
+
+
+@pytest.mark.parametrize("cold_s, pays", [(30.0, False), (300.0, True)])
+def test_a_cheaper_warm_replica_that_does_not_pay_leaves_the_policy_as_at_full_price(cold_s: float, pays: bool) -> None:
+    """At 0.414 of a serving replica's price a warm one pays with a 300 s cold start (worth 0.75) but not
+    with a 30 s one (worth 0): there the forecast's margin and freed replicas are not kept warm, and the
+    decisions are exactly those at a warm cost of 1 (a cheaper warm replica never makes the policy worse)."""
+    cfg = BASE.with_(warm_pool_max=5, warm_cost_fraction=0.414, default_cold_start_s=cold_s,
+                     scale_down_stabilization_s=300.0, max_scale_down_rate=10.0)
+    values = [40.0, 40.0, 100.0, 100.0, 60.0, 40.0, 40.0, 40.0]
+    uppers = [60.0, 60.0, 140.0, 140.0, 90.0, 60.0, 60.0, 60.0]
+
+    def run(c: PolicyConfig) -> list[tuple[int, int]]:
+        state, out, current = PolicyState(), [], 4
+        for i, (v, u) in enumerate(zip(values, uppers, strict=True)):
+            d, state = decide(c, state, obs(15.0 * i, v, current), forecast_value=v, forecast_upper=u)
+            out.append((d.serving, d.warm))
+            current = d.serving
+        return out
+
+    cheap, full = run(cfg), run(cfg.with_(warm_cost_fraction=1.0))
+    assert [s for s, _ in cheap] == [s for s, _ in full]
+    assert all(w == 0 for _, w in full)
+    if pays:
+        assert any(w > 0 for _, w in cheap)
+    else:
+        assert cheap == full
+
+
+def test_queue_promotions_are_on_loan_from_the_warm_pool_and_start_nothing_cold() -> None:
+    """Where warm pays, the queue promotes the forecast's margin from the warm pool (at most warm_pool_max);
+    while they serve the queue those replicas are still the pool's, so it is not refilled with cold
+    starts: the Deployment's total does not grow because requests queued."""
+    cfg = SLOTS.with_(scale_down_stabilization_s=600.0, max_scale_down_rate=10.0, warm_pool_max=2)
+    # the rates and the forecast need 2 replicas, the upper forecast 8: 2 serving + 2 warm (the cap)
+    d, state = decide(cfg, PolicyState(), obs(0.0, 20.0, 2), forecast_value=20.0, forecast_upper=80.0)
+    assert (d.serving, d.warm) == (2, 2)
+    # requests queue: both warm replicas are promoted, and no replica is started for the pool
+    d, state = decide(cfg, state, obs(15.0, 20.0, 2, running=8.0, queue=6.0, warm_ready=2),
+                      forecast_value=20.0, forecast_upper=80.0)
+    assert d.panic and (d.serving, d.promote) == (4, 2)
+    assert (d.warm, d.total) == (0, 4)
+    # the queue is gone and the panic is over: they are back in the pool
+    for t in range(30, 121, 15):
+        d, state = decide(cfg, state, obs(float(t), 20.0, d.serving, running=8.0, queue=0.0),
+                          forecast_value=20.0, forecast_upper=80.0)
+    assert (d.serving, d.warm) == (2, 2), d.detail

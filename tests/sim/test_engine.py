@@ -41,14 +41,15 @@ def test_oracle_at_least_as_good_as_every_autoscaler(tmp_path):
 
 
 def test_preheat_promotes_from_its_warm_pool(tmp_path):
-    # a daily-shaped series over 3 days: with warm replicas cheaper than serving ones, Preheat keeps
-    # the forecast's margin in a warm pool and promotes from it on the ramps
+    # a daily-shaped series over 3 days: with warm replicas cheaper than serving ones and a cold start
+    # long enough for a warm one to pay (300 s: worth 0.67 of a serving one at a 60 s interval), Preheat
+    # keeps the forecast's margin in a warm pool and promotes from it on the ramps
     hours = np.arange(72 * 6) / 6.0
     rates = 100 + 80 * np.sin(2 * np.pi * (hours - 6) / 24).clip(min=-0.8)
     path = write_series(tmp_path / "daily.csv", list(rates))
     s = SimSettings(preheat_overrides={"decision_interval_s": 60.0}, warm_cost_fraction=0.4)  # fewer decisions: faster
     w = prepare_workload(load_trace(path), s)
-    c = load_cold_start("60")
+    c = load_cold_start("300")
     pre = simulate(w, make_policy("preheat", s, w, c), c, s)
     assert pre.promotions > 0
     assert pre.replica_seconds_by_state["warm"] > 0

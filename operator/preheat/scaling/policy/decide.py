@@ -176,12 +176,16 @@ def decide_measured(
     recommendation, reason, panic_max = _recommend(config, needs, fc, current, in_panic, panic_max, notes)
 
     window = stabilization_window_s(config, lead)
-    serving_queue = serving_recs.record(now, _held(config, needs, fc, recommendation, in_panic), window)
+    pays = config.warm_pays(lead)
+    serving_queue = serving_recs.record(now, _held(config, needs, fc, recommendation, in_panic, pays), window)
     serving, reason = _stabilize(config, serving_queue, now, window, recommendation, reason, current, notes)
     zero_since, to_zero = _scale_to_zero(config, state, now, needs, fc.upper, serving, in_panic, notes)
     serving, reason = _bound(config, serving, reason, to_zero, notes)
 
-    warm, total_queue = _warm_pool(config, total_recs, now, serving, fc.upper_need, window)
+    # What serves for the rate signals and the forecast (the window's held recommendations): replicas
+    # serving beyond it were promoted from the warm pool because requests queued, and are on loan.
+    held = min(serving, serving_queue.max(now, window) or serving)
+    warm, total_queue = _warm_pool(config, total_recs, now, serving, fc.upper_need, window, pays, held)
     burst_queue, burst_need = _burst_envelope(config, state.burst_needs, now, needs, current)
     warm, reason = _apply_burst(config, serving, warm, burst_need, reason, prev_serving, prev_warm, notes)
 
@@ -207,12 +211,13 @@ def decide_measured(
     return decision, new_state
 
 
-def _held(config: PolicyConfig, needs: _Needs, fc: _Forecast, recommendation: int, in_panic: bool) -> int:
+def _held(config: PolicyConfig, needs: _Needs, fc: _Forecast, recommendation: int, in_panic: bool,
+          pays: bool) -> int:
     """What the scale-down window remembers of this recommendation. Where a warm replica is cheaper,
     replicas promoted because requests queue now (the model server's gauges) are not held serving for
     the window: when the panic ends they go back to the warm pool (the total is stabilized), and the
     next queue promotes them again in seconds. What the rate signals and the forecast need is held."""
-    if not (in_panic and config.warm_pays and config.concurrency_per_replica is not None):
+    if not (in_panic and pays and config.concurrency_per_replica is not None):
         return recommendation
     return min(recommendation, max(needs.reactive, fc.term, replicas_needed(needs.value_panic, config)))
 
@@ -506,10 +511,16 @@ def _warm_pool(
     serving: int,
     upper_need: int,
     window: float,
+    pays: bool,
+    held: int,
 ) -> tuple[int, TimeWindow]:
     """Warm pool = configured minimum + the forecast's burst margin (upper need beyond serving).
 
-    Where a warm replica is cheaper than a serving one (`warm_pays`), the total (serving + warm) is
+    The margin and the freed replicas are kept only where a warm replica costs less than it is worth
+    (`warm_pays`: the cold start's share of the lead time, `PolicyConfig.warm_value`); elsewhere the
+    pool is the configured minimum, as at a warm cost of 1. Replicas the queue promoted beyond what the
+    rate signals and the forecast hold (`held`) are the margin's, on loan: the pool is not refilled for
+    them with cold starts. Where a warm replica pays, the total (serving + warm) is
     stabilized like serving, so replicas freed from serving are demoted to the warm pool for the
     window instead of being deleted and cold-started again. At the same price the warm pool is the
     configured minimum: a replica held warm would cost what it cost serving and serve only after a
@@ -518,11 +529,15 @@ def _warm_pool(
     """
     if serving == 0:
         return 0, total_recs.record(now, 0, window)
-    extra = max(0, upper_need - serving) if config.warm_pays else 0
+    base = min(held, serving) if pays else serving
+    extra = max(0, upper_need - base) if pays else 0
     warm_rec = min(config.warm_pool_min + extra, config.warm_pool_max)
+    # Replicas the queue promoted (serving - base) are the margin's, on loan: the pool is not refilled
+    # with cold starts for them; they come back to it when the queue is gone.
+    warm_rec = max(min(config.warm_pool_min, config.warm_pool_max), warm_rec - (serving - base))
     total_rec = serving + warm_rec
     total_queue = total_recs.record(now, total_rec, window)
-    if not config.warm_pays:
+    if not pays:
         return max(0, min(warm_rec, config.max_replicas - serving)), total_queue
     stabilized_total = total_queue.max(now, window) or total_rec
     warm = max(warm_rec, min(stabilized_total - serving, config.warm_pool_max))
@@ -565,7 +580,7 @@ def _hold(
     if serving == 0:
         warm = 0
     else:
-        extra = max(0, upper_need - serving) if config.warm_pays else 0
+        extra = max(0, upper_need - serving) if config.warm_pays(lead) else 0
         warm = max(prev_warm, min(config.warm_pool_min + extra, config.warm_pool_max))
         warm = max(0, min(warm, config.warm_pool_max, config.max_replicas - serving))
     decision = Decision(

@@ -173,13 +173,30 @@ class PolicyConfig:
         (measured: 20-25 % more replica-hours than KEDA at the same U, and no cheaper at a given SLO)."""
         return self.margin_in_serving
 
-    @property
-    def warm_pays(self) -> bool:
-        """Whether capacity beyond `warm_pool_min` is worth keeping warm: only when a warm replica costs
-        less than a serving one. At the same price a warm replica buys nothing a serving one would not
-        (it serves only after a promotion), so the forecast's margin and the replicas freed on a scale-down
-        wait in the warm pool only when it is cheaper (`warm_cost_fraction` < 1)."""
-        return self.warm_cost_fraction < 1.0 and not self.margin_in_serving
+    def warm_pays(self, lead_s: float) -> bool:
+        """Whether capacity beyond `warm_pool_min` is worth keeping warm at this lead time: only when a warm
+        replica costs less than the protection it buys, `warm_cost_fraction` < `warm_value(lead_s)`.
+        At the same price a warm replica buys nothing a serving one would not (it serves only after a
+        promotion), so the forecast's margin and the replicas freed on a scale-down wait in the warm pool
+        only when it is cheaper than that; otherwise the policy is the one it runs at a warm cost of 1."""
+        if self.warm_cost_fraction >= 1.0 or self.margin_in_serving:
+            return False
+        return self.warm_cost_fraction < self.warm_value(lead_s)
+
+    def warm_value(self, lead_s: float) -> float:
+        """What a warm replica is worth against a serving one, as a share of the serving one's price.
+
+        A surprise above the forecast is served at once by serving headroom; by a warm replica once the
+        signal shows it and a decision promotes it; by a new replica only after the whole lead time. So
+        of the lead time during which a serving replica protects against a surprise, a warm one protects
+        for all but that reaction time: (lead - reaction) / lead. The reaction time is one decision
+        interval plus the time a step in demand takes to show in full in the signal (the whole stable
+        window and a scrape; the promotion itself takes seconds). With the defaults a 30 s cold start
+        (lead 90 s) gives 0, a 300 s one (lead 360 s) 0.75."""
+        if not (isinstance(lead_s, int | float) and math.isfinite(lead_s) and lead_s > 0.0):
+            return 0.0
+        reaction = self.decision_interval_s + self.stable_window_s + self.scrape_interval_s
+        return min(1.0, max(0.0, (lead_s - reaction) / lead_s))
 
     @property
     def signal_lag_s(self) -> float:

@@ -6,7 +6,10 @@ have no warm pool, so their frontier is the same at every warm cost fraction and
 runs at each fraction (its policy reads it). Writes one JSON per (trace, cold start) with both
 fractions, one PNG per (trace, cold start) and the README table (Markdown) with the margins.
 
-    python -m preheat_lab.bench_frontier --out-dir bench-results [--only m-small] [--colds 30,300]
+    python -m preheat_lab.bench_frontier --out-dir bench-results [--only m-small] [--colds 30,300] [--preheat-only]
+
+`--preheat-only` reruns Preheat's sweeps alone and keeps the baselines' (and the oracle's) points from the
+stored JSON (recorded under `baselines_from`): after a change to Preheat's policy, they have not changed.
 
 The CPU fraction is measured (issue 17, `bench-results/warm-resize-real-node.json`): on a real node
 (kubelet v1.37.2, containerd 2.4.2) the operator resizes a Ready preheat-server pod in place from its
@@ -40,7 +43,20 @@ WARM_FRACTIONS = (1.0, CPU_WARM_FRACTION)
 COLDS = {"30 s": "30", "measured": None, "300 s": "300"}
 
 
-def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path) -> dict[str, Any]:
+def stored_baselines(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] | None:
+    """The baselines' sweeps (and the oracle's) from this (trace, cold start)'s stored JSON, or None. They
+    do not read Preheat's policy or the warm cost fraction, so a Preheat-only rerun keeps them."""
+    p = out_dir / f"frontier-{key}-{cold_key.replace(' ', '')}.json"
+    if not p.exists():
+        return None
+    doc = json.loads(p.read_text())
+    first = next(iter(doc["warm_cost_fractions"].values()))["policies"]
+    base = {n: v for n, v in first.items() if n != "preheat"}
+    return {"policies": base, "machine": doc.get("machine"), "cpu_s": doc.get("cpu_s")}
+
+
+def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
+            preheat_only: bool = False) -> dict[str, Any]:
     argv = ["--trace", str(path), "--cold-start", cold_arg]
     args = cli.parser().parse_args(argv)
     settings = cli.settings_from(args)
@@ -51,7 +67,10 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path) -
     print(f"\n== {key}, cold start {cold_key} ({cold.label})", flush=True)
     baselines = [n for n in POLICY_NAMES if n != "preheat"]
     by_fraction: dict[str, Any] = {}
-    base = sweep(w, cold, settings, baselines, UTILIZATIONS, SLO_TARGETS)
+    stored = stored_baselines(out_dir, key, cold_key) if preheat_only else None
+    if preheat_only and stored is None:
+        print(f"  no stored baselines for {key} {cold_key}: running them", flush=True)
+    base = stored["policies"] if stored is not None else sweep(w, cold, settings, baselines, UTILIZATIONS, SLO_TARGETS)
     for f in WARM_FRACTIONS:
         print(f"  warm cost fraction {f:g}:", flush=True)
         pre = sweep(w, cold, replace(settings, warm_cost_fraction=f), ["preheat"], UTILIZATIONS, SLO_TARGETS)
@@ -66,6 +85,10 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path) -
                                     "100m / 4 GiB warm, cores + GiB x 0.134)",
         "cpu_s": time.process_time() - started, "machine": machine(),
     }
+    if stored is not None:
+        doc["baselines_from"] = {"note": "baseline and oracle sweeps kept from the previous run of this file "
+                                         "(--preheat-only): they do not depend on Preheat's policy",
+                                 "machine": stored["machine"], "cpu_s": stored["cpu_s"]}
     stem = f"frontier-{key}-{cold_key.replace(' ', '')}"
     (out_dir / f"{stem}.json").write_text(json.dumps(cli._json_safe(doc), indent=2))
     for f, res in by_fraction.items():
@@ -193,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst-check", action="store_true",
                     help="only compare the fluid model's bursty arrivals with the per-request engine on an m-small slice")
     ap.add_argument("--table-only", action="store_true", help="only rebuild frontier.md from the JSON files")
+    ap.add_argument("--preheat-only", action="store_true",
+                    help="rerun Preheat's sweeps only; keep the baselines' and the oracle's from the stored JSON")
     args = ap.parse_args(argv)
     tdir, out_dir = Path(args.traces_dir), Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -208,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {key}: {path} not found", file=sys.stderr)
             continue
         for cold_key in (c.strip() for c in args.colds.split(",")):
-            run_one(key, path, cold_key, COLDS[cold_key] or str(tdir / COLD_FILE), out_dir)
+            run_one(key, path, cold_key, COLDS[cold_key] or str(tdir / COLD_FILE), out_dir, args.preheat_only)
             write_table(out_dir)
     print("\n" + write_table(out_dir))
     return 0

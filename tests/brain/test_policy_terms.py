@@ -4,6 +4,7 @@ pool, scale to zero, hold, no double counting of starting pods, configuration er
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from preheat.scaling.policy import (
@@ -387,8 +388,14 @@ def test_fast_panic_path_promotes_ready_warm_replicas_only() -> None:
     d, _ = decide_panic(FAST, state, gauges.__class__(**{**gauges.to_dict(), "queue": 400.0,
                                                           "cold_start_samples_s": ()}))
     assert d is not None and (d.serving, d.warm, d.total) == (7, 0, 7)
-    # the next full decision stays in panic and keeps what the fast path promoted
-    full, _ = decide(FAST, new, obs(105.0, 20.0, 6, running=20.0, queue=0.0, warm_ready=1))
+    # the next full decision stays in panic. Where a warm replica pays, it serves what the requests
+    # present need (20 running: 5) and the pool keeps the rest (the total asked for before stays)...
+    kept = replace(new, total_recommendations=((95.0, 7),), last_data_s=95.0)
+    full, _ = decide(FAST, kept, obs(105.0, 20.0, 6, running=20.0, queue=0.0, warm_ready=1))
+    assert full.panic and full.serving == 5 and full.total == 7
+    # ...at a warm cost of 1 (Knative's rule) it keeps what the fast path promoted
+    at_one = FAST.with_(warm_cost_fraction=1.0, warm_pool_min=3, warm_pool_max=3)
+    full, _ = decide(at_one, new, obs(105.0, 20.0, 6, running=20.0, queue=0.0, warm_ready=1))
     assert full.panic and full.serving >= 6
 
 
@@ -505,3 +512,26 @@ def test_queue_promotions_are_on_loan_from_the_warm_pool_and_start_nothing_cold(
         d, state = decide(cfg, state, obs(float(t), 20.0, d.serving, running=8.0, queue=0.0),
                           forecast_value=20.0, forecast_upper=80.0)
     assert (d.serving, d.warm) == (2, 2), d.detail
+
+
+def test_queue_panic_where_warm_pays_serves_what_is_present_and_holds_no_sub_panic_peak() -> None:
+    """Where a warm replica pays, a queue's panic asks for what the requests present need now (the
+    promoted replicas go back to the pool, which returns them in seconds), and the short window's rate
+    is held for the scale-down window only when it is a panic by itself (>= panic_threshold x serving)."""
+    cfg = SLOTS.with_(scale_down_stabilization_s=600.0, max_scale_down_rate=10.0, warm_pool_max=4)
+    # the 60 s rate needs 2, the 6 s rate 3 (not a panic by itself: 1.5x), 16 requests present need 4
+    d, state = decide(cfg, PolicyState(), obs(0.0, 20.0, 2, value_panic=30.0, running=8.0, queue=8.0, warm_ready=2))
+    assert d.panic and (d.serving, d.promote) == (4, 2)
+    total = d.total
+    # the queue is gone, the panic not yet over: serve what is present (the 6 s rate's 3), not the 4
+    d, state = decide(cfg, state, obs(15.0, 20.0, 4, value_panic=30.0, running=8.0, queue=0.0))
+    assert d.panic and d.serving == 3 and d.total == total, d.detail
+    # after the panic the 6 s peak is not held for the window: the rates' 2 serve, the rest waits warm
+    for t in range(30, 121, 15):
+        d, state = decide(cfg, state, obs(float(t), 20.0, d.serving, value_panic=20.0, running=8.0, queue=0.0))
+    assert not d.panic and d.serving == 2 and d.total == total, d.detail
+    # at a warm cost of 1 Knative's rule stands: in panic never below what serves
+    full = cfg.with_(warm_cost_fraction=1.0, warm_pool_min=2, warm_pool_max=2)
+    d, state = decide(full, PolicyState(), obs(0.0, 20.0, 2, value_panic=30.0, running=8.0, queue=8.0, warm_ready=2))
+    d, _ = decide(full, state, obs(15.0, 20.0, d.serving, value_panic=30.0, running=8.0, queue=0.0))
+    assert d.panic and d.serving == 4

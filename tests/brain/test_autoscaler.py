@@ -172,3 +172,36 @@ def test_step_decides_exactly_like_the_pure_decide() -> None:
     for o, d in seen:
         again, state = decide(CONFIG, state, o, d.forecast_value, d.forecast_upper)
         assert again == d
+
+
+class _FixedForecaster:
+    """A forecaster that always says 100 (upper 140), ready or not."""
+
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready
+
+    def update(self, t_s: float, value: float | None) -> None:
+        pass
+
+    def forecast(self, t_s: float, horizon_s: float) -> float:
+        return 100.0
+
+    def forecast_upper(self, t_s: float, horizon_s: float, quantile: float = 0.9) -> float:
+        return 140.0
+
+    def to_dict(self) -> dict:
+        return {"kind": "fixed"}
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_the_upper_quantile_sizes_a_warm_margin_only_from_a_ready_forecaster(ready: bool) -> None:
+    """Where a warm replica pays (0.414 with a 300 s cold start), the gap between the upper and the point
+    forecast waits warm once the forecaster has its full model; before that (a level model's spread over
+    the lead time, which the serving headroom already prices) the pool holds no margin."""
+    config = PolicyConfig(min_replicas=1, max_replicas=50, target_per_replica=10.0, target_utilization=1.0,
+                          warm_pool_max=5, warm_cost_fraction=0.414, default_cold_start_s=300.0)
+    assert config.warm_pays(360.0)  # lead: 300 s + a 15 s interval + 30 s of rate window + a 15 s scrape
+    d = Autoscaler(config, _FixedForecaster(ready)).step(
+        Observation(time_s=0.0, value=40.0, current_serving=4, serving_ready=4))
+    assert d.serving == 10 and d.forecast_upper == 140.0
+    assert d.warm == (4 if ready else 0)

@@ -129,15 +129,18 @@ def decide(
     obs: Observation,
     forecast_value: float | None = None,
     forecast_upper: float | None = None,
+    margin: bool = True,
 ) -> tuple[Decision, PolicyState]:
     """One scaling decision. Pure: the same inputs always give the same (Decision, PolicyState).
 
     `forecast_value` is the point forecast of the signal over the lead time (the Autoscaler passes the
     peak of the forecast between now and now + lead time) and `forecast_upper` its upper quantile.
     Never raises on bad observations: missing, stale, NaN or negative data gives a `hold` decision.
+    `margin` says whether the upper quantile may size a warm margin (the Autoscaler passes whether its
+    forecaster is ready: see `decide_measured`).
     """
     measured, lead = measured_cold_starts(config, obs.cold_start_samples_s, state.cold_start_samples_s)
-    return decide_measured(config, state, obs, forecast_value, forecast_upper, measured, lead)
+    return decide_measured(config, state, obs, forecast_value, forecast_upper, measured, lead, margin)
 
 
 def decide_measured(
@@ -148,8 +151,14 @@ def decide_measured(
     forecast_upper: float | None,
     measured: tuple[float, ...],
     lead: float,
+    margin: bool = True,
 ) -> tuple[Decision, PolicyState]:
     """`decide` with the cleaned cold-start samples and the lead time already worked out.
+
+    `margin=False` keeps the upper quantile out of the warm pool (freed replicas still wait there where
+    a warm one pays). The Autoscaler passes whether its forecaster is ready (e.g. has a daily season):
+    before that the forecast is the level, whose upper quantile is a spread the headroom 1 - U already
+    prices (measured on the frontier: docs/brain.md).
 
     The Autoscaler needs both before deciding (the lead time sets the forecast horizon), so it
     passes them in instead of having every step validate and sort the samples twice.
@@ -162,11 +171,12 @@ def decide_measured(
     prev_serving = state.last_serving if state.last_serving is not None else current
     prev_warm = state.last_warm if state.last_warm is not None else warm_ready
     fc = _forecast_terms(config, forecast_value, forecast_upper)
+    margin_need = fc.upper_need if margin else fc.need
 
     data_ok = math.isfinite(now) and not obs.stale and is_valid_signal(obs.value)
     if not data_ok:
         return _hold(config, state, obs, now, lead, measured, current, warm_ready, prev_serving, prev_warm,
-                     fc.value, fc.upper, fc.term, fc.upper_need)
+                     fc.value, fc.upper, fc.term, margin_need)
 
     serving_recs, total_recs = _resume_after_gap(config, state, now)
     needs = _needs(config, obs, current, warm_ready)
@@ -187,7 +197,7 @@ def decide_measured(
     # What serves for the rate signals and the forecast (the window's held recommendations): replicas
     # serving beyond it were promoted from the warm pool because requests queued, and are on loan.
     held = min(serving, serving_queue.max(now, window) or serving)
-    warm, total_queue = _warm_pool(config, total_recs, now, serving, fc.upper_need, window, pays, held)
+    warm, total_queue = _warm_pool(config, total_recs, now, serving, margin_need, window, pays, held)
     burst_queue, burst_need = _burst_envelope(config, state.burst_needs, now, needs, current)
     warm, reason = _apply_burst(config, serving, warm, burst_need, reason, prev_serving, prev_warm, notes)
 

@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests admitted beyond --max-num-seqs; one more gets 429 (default: %(default)s)")
     p.add_argument("--target-itl-ms", type=_positive_float, default=d.target_itl_ms,
                    help="target inter-token latency; the engine caps batch growth to meet it")
+    p.add_argument("--min-step-ms", type=_non_negative_float, default=d.min_step_ms,
+                   help="each engine step that runs a batch takes at least this long: emulates an "
+                        "accelerator's step time where replicas share a host's cores (default: %(default)s, off)")
     p.add_argument("--drain-timeout-s", type=_non_negative_float, default=d.drain_timeout_s,
                    help="on SIGTERM, how long in-flight requests may take to finish (default: %(default)s)")
     p.add_argument("--served-model-name", default=d.served_model_name,

@@ -21,6 +21,7 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     max_queue: int = 64
     target_itl_ms: float | None = None
+    min_step_ms: float = 0.0            # emulated accelerator step time (lab); 0: as fast as the host runs
     drain_timeout_s: float = 30.0
     served_model_name: str | None = None
     embedding_model: str | None = None
@@ -45,6 +46,7 @@ class ServerConfig:
             (self.block_size >= 1, "--block-size must be >= 1"),
             (self.max_queue >= 0, "--max-queue must be >= 0"),
             (self.target_itl_ms is None or self.target_itl_ms > 0, "--target-itl-ms must be > 0"),
+            (self.min_step_ms >= 0, "--min-step-ms must be >= 0"),
             (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
             (self.embedding_max_batch_size >= 1, "--embedding-max-batch-size must be >= 1"),
             (self.embedding_max_queue_delay_ms >= 0, "--embedding-max-queue-delay-ms must be >= 0"),

@@ -179,7 +179,8 @@ class Server:
                 max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                 block_size=config.block_size, num_kv_blocks=config.kv_cache_blocks,
                 kv_cache_memory_fraction=config.kv_cache_memory_fraction,
-                enable_prefix_caching=config.enable_prefix_caching, target_itl_ms=config.target_itl_ms))
+                enable_prefix_caching=config.enable_prefix_caching, target_itl_ms=config.target_itl_ms,
+                min_step_ms=config.min_step_ms))
             if config.warmup:
                 ids = out.loaded.tokenizer.encode(WARMUP_PROMPT)
                 out.engine.generate([ids], SamplingParams(max_tokens=2, ignore_eos=True))

@@ -384,3 +384,21 @@ def test_itl_cap_limits_running_sequences(tiny):
         engine.step()
         assert engine.stats().num_running <= 3
     assert_idle_and_leak_free(engine)
+
+
+def test_min_step_ms_paces_busy_steps_only_and_keeps_the_tokens(tiny):
+    """The emulated accelerator step: every step that runs a batch lasts at least the floor, an idle
+    step does not sleep, and the tokens are those of the unpaced engine."""
+    prompts = random_prompts(3, seed=21, lo=3, hi=8)
+    paced = make_engine(tiny, min_step_ms=40.0)
+    assert paced.step() == [] and paced.stats().last_step_seconds == 0.0  # idle: no sleep
+    for i, p in enumerate(prompts):
+        paced.add_request(f"p{i}", p, GREEDY)
+    steps = []
+    while paced.has_unfinished_requests():
+        paced.step()
+        steps.append(paced.stats().last_step_seconds)
+    assert steps and min(steps) >= 0.040
+    assert paced.generate(prompts, GREEDY) == make_engine(tiny).generate(prompts, GREEDY)
+    with pytest.raises(ValueError, match="min_step_ms"):
+        make_engine(tiny, min_step_ms=-1.0)

@@ -94,6 +94,9 @@ def test_cli_rejects_impossible_flags(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--max-num-seqs" in capsys.readouterr().err
     assert main(["--kv-cache-memory-fraction", "0.5", "--embedding-max-batch-size", "1", "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--min-step-ms", "-5"])
+    assert "--min-step-ms" in capsys.readouterr().err
 
 
 def test_host_defaults_to_pod_ip(monkeypatch: pytest.MonkeyPatch) -> None:

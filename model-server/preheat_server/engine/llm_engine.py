@@ -28,6 +28,10 @@ class EngineConfig:
     kv_cache_memory_fraction: float | None = None  # of available memory (CUDA free / MemAvailable)
     enable_prefix_caching: bool = True
     target_itl_ms: float | None = None
+    # A floor on each busy step's duration: the engine sleeps out the rest. It emulates an accelerator's
+    # decode step on a host whose replicas share a few cores (the lab's closed loop), so a replica's
+    # capacity is its own and adding replicas adds capacity, as it does with one GPU per replica.
+    min_step_ms: float = 0.0
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -42,6 +46,8 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
         if self.target_itl_ms is not None and self.target_itl_ms <= 0:
             raise ValueError("target_itl_ms must be > 0")
+        if self.min_step_ms < 0:
+            raise ValueError("min_step_ms must be >= 0")
 
 
 @dataclass
@@ -224,12 +230,19 @@ class LLMEngine:
             outputs.append(out)
         if self.loaded.device.type == "cuda":
             torch.cuda.synchronize(self.loaded.device)
+        self._pace(t0)
         dt = time.perf_counter() - t0
         self._last_batch_size = len(sched.batch)
         self._last_batch_tokens = sched.num_tokens
         self._last_step_seconds = dt
         self.itl.observe(dt, len(sched.batch))
         return outputs
+
+    def _pace(self, t0: float) -> None:
+        """Sleep out the rest of min_step_ms (the engine thread only; the event loop keeps serving)."""
+        rest = self.config.min_step_ms / 1000 - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -22,7 +22,7 @@ from preheat_server.hardware import machine_record
 
 from . import modelstore as MS
 from . import workload as W
-from .experiment import MODES, LoopConfig, compare
+from .experiment import MODES, LoopConfig, compare, step_floor_ms
 from .plot import plot_comparison
 
 DEFAULT_TRACE = "../shared/traces/servegen_m-small_10min.csv"
@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send non-streamed requests (no time to first token is measured)")
     p.add_argument("--interval-s", type=float, default=3.0, help="the operator's decision interval")
     p.add_argument("--max-num-seqs", type=int, default=2, help="model-server slots per replica")
+    p.add_argument("--replica-rps", type=float, default=2.0,
+                   help="what one replica serves, req/s: the model server's step floor is set from it and the "
+                        "workload's mean answer length (an accelerator's decode step; default %(default)s, "
+                        "targetPerReplica 1.5 at 75 %%); 0: as fast as the host's shared cores run")
     p.add_argument("--max-queue", type=int, default=4, help="model-server queue bound (429 beyond)")
     p.add_argument("--forecaster", default="holt-winters", help="spec.scaling.forecasting.forecaster")
     p.add_argument("--forecast-window-s", type=float, default=45.0,
@@ -234,11 +238,16 @@ def main(argv: list[str] | None = None) -> int:
                 "compress": args.compress, "rate_scale": args.rate_scale, "seed": args.seed,
                 "requests": len(arrivals), "replay_s": arrivals[-1].t_s,
                 "history_s": wl.history_s if history is not None else 0.0}
+    min_step_ms = 0.0
+    if args.replica_rps > 0:
+        mean_tokens = sum(a.max_tokens for a in arrivals) / len(arrivals)
+        min_step_ms = step_floor_ms(args.max_num_seqs, args.replica_rps, mean_tokens)
+        workload.update(replica_rps=args.replica_rps, mean_output_tokens=mean_tokens, min_step_ms=min_step_ms)
     cfg = LoopConfig(
         kubeconfig=Path(kubeconfig), prometheus_url=str(prom), out_dir=args.work_dir,
         target_per_replica=args.target_per_replica, max_replicas=args.max_replicas, slo_ms=args.slo_ms,
         interval_s=args.interval_s, ttft_slo_ms=args.ttft_slo_ms, stream=not args.no_stream,
-        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
+        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, min_step_ms=min_step_ms,
         register_target=register, unregister_target=unregister, progress=lambda m: print(m, flush=True),
         forecaster=args.forecaster, time_compression=args.compress,
         forecast_window_s=args.forecast_window_s or None, history=history,

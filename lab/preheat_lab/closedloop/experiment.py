@@ -81,6 +81,10 @@ class LoopConfig:
     stream: bool = True
     max_num_seqs: int = 2
     max_queue: int = 4
+    # The model server's --min-step-ms (0: off). The local cluster's replicas share the host's two cores,
+    # where the tiny model answers ~10x the per-replica target and no autoscaler can fall short; a step
+    # floor makes each replica's capacity its own, as a GPU per replica does (see docs/closedloop.md).
+    min_step_ms: float = 0.0
     window: str = "20s"
     panic_window: str = "10s"
     sample_interval_s: float = 2.0
@@ -128,6 +132,15 @@ class LoopConfig:
         return H.adapter_rules(self.hpa_rate_window or self.window)
 
 
+def step_floor_ms(slots: int, replica_rps: float, mean_output_tokens: float) -> float:
+    """The engine step floor at which a replica serves `replica_rps`: `slots` answers of
+    `mean_output_tokens` steps each (prefill gives the first token) finish every
+    slots / replica_rps seconds."""
+    if slots < 1 or replica_rps <= 0 or mean_output_tokens <= 0:
+        raise ValueError(f"need slots >= 1, rate and tokens > 0, got {slots!r}, {replica_rps!r}, {mean_output_tokens!r}")
+    return 1000.0 * slots / (replica_rps * mean_output_tokens)
+
+
 def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
     """The InferenceEndpoint of the run: the same in every mode but the peers'.
 
@@ -147,7 +160,8 @@ def endpoint_manifest(cfg: LoopConfig, mode: str) -> dict:
             "model": ({"uri": cfg.model_uri, **({"sha256": cfg.model_sha256} if cfg.model_sha256 else {})}
                       if cfg.model_uri else {"builtin": cfg.model}),
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-            "server": {"maxNumSeqs": cfg.max_num_seqs, "maxQueue": cfg.max_queue, "drainTimeoutSeconds": 5},
+            "server": {"maxNumSeqs": cfg.max_num_seqs, "maxQueue": cfg.max_queue, "drainTimeoutSeconds": 5,
+                       **({"extraArgs": ["--min-step-ms", f"{cfg.min_step_ms:g}"]} if cfg.min_step_ms else {})},
             "scaling": {
                 "minReplicas": cfg.min_replicas,
                 "maxReplicas": cfg.max_replicas,

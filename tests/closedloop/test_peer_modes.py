@@ -112,6 +112,11 @@ def test_aibrix_request_time_is_the_load_tested_default_or_configured_and_the_ru
     c = aibrix_target(_cfg(tmp_path, aibrix_request_s=0.5), earlier)
     assert c["request_s"] == 0.5 and c["running_per_replica"] == pytest.approx(0.6)
     assert aibrix_target(_cfg(tmp_path), [])["earlier_modes_request_s"] is None
+    # paced replicas (the closed loop's --replica-rps): an answer takes its tokens x the step floor
+    p = aibrix_target(_cfg(tmp_path, min_step_ms=166.0, mean_output_tokens=6.0), earlier)
+    assert p["request_s"] == pytest.approx(0.996) and "step floor" in p["request_s_source"]
+    assert aibrix_target(_cfg(tmp_path, min_step_ms=166.0, mean_output_tokens=6.0, aibrix_request_s=1.12),
+                         earlier)["request_s"] == 1.12  # a configured load test still wins
 
 
 class _Event(SimpleNamespace):

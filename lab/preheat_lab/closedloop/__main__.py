@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hpa mode: prometheus-adapter's rate window (default: the window Preheat's rate reads, 20s)")
     p.add_argument("--aibrix-request-s", type=float, default=None,
                    help="aibrix mode: seconds a request spends in a replica, for its Little's-law target "
-                        "(default: aibrix.DEFAULT_REQUEST_S, one replica load-tested at the per-replica rate)")
+                        "(default: with --replica-rps, the paced answer time; else aibrix.DEFAULT_REQUEST_S)")
     p.add_argument("--target-per-replica", type=float, default=1.5, help="requests/s one serving replica takes")
     p.add_argument("--max-replicas", type=int, default=5)
     p.add_argument("--slo-ms", type=float, default=3000.0, help="end-to-end latency budget per request")
@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         target_per_replica=args.target_per_replica, max_replicas=args.max_replicas, slo_ms=args.slo_ms,
         interval_s=args.interval_s, ttft_slo_ms=args.ttft_slo_ms, stream=not args.no_stream,
         max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, min_step_ms=min_step_ms,
+        mean_output_tokens=workload.get("mean_output_tokens"),
         register_target=register, unregister_target=unregister, progress=lambda m: print(m, flush=True),
         forecaster=args.forecaster, time_compression=args.compress,
         forecast_window_s=args.forecast_window_s or None, history=history,

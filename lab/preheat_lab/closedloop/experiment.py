@@ -85,6 +85,9 @@ class LoopConfig:
     # where the tiny model answers ~10x the per-replica target and no autoscaler can fall short; a step
     # floor makes each replica's capacity its own, as a GPU per replica does (see docs/closedloop.md).
     min_step_ms: float = 0.0
+    # The workload's mean answer length in tokens (engine steps), set with min_step_ms: a paced
+    # replica's answer then takes mean_output_tokens x min_step_ms (the aibrix mode's request time).
+    mean_output_tokens: float | None = None
     window: str = "20s"
     panic_window: str = "10s"
     sample_interval_s: float = 2.0
@@ -718,12 +721,16 @@ async def compare(cfg: LoopConfig, arrivals: Sequence[Arrival], modes: Sequence[
 
 def aibrix_target(cfg: LoopConfig, earlier: Sequence[dict]) -> dict:
     """aibrix mode's target and where its request time came from: `cfg.aibrix_request_s` when set,
-    else aibrix.DEFAULT_REQUEST_S (one replica load-tested at its per-replica rate, as a platform team
+    else, where replicas are paced (`min_step_ms`), the answer time the step floor gives, else
+    aibrix.DEFAULT_REQUEST_S (one unpaced replica load-tested at its per-replica rate, as a platform team
     sets a concurrency target). The mean request time of the run's earlier modes is recorded beside
     it, not used: it mixes in overload and more replicas sharing the CPU (aibrix.py)."""
     measured = A.request_seconds(earlier)
     if cfg.aibrix_request_s is not None:
         request_s, source = cfg.aibrix_request_s, "configured (--aibrix-request-s)"
+    elif cfg.min_step_ms and cfg.mean_output_tokens:
+        request_s = cfg.min_step_ms * cfg.mean_output_tokens / 1000
+        source = "a paced replica's answer time: mean answer tokens x the step floor (no queueing)"
     else:
         request_s, source = A.DEFAULT_REQUEST_S, "one replica load-tested at the per-replica rate (aibrix.DEFAULT_REQUEST_S)"
     per_replica = hpa_per_replica(cfg)

@@ -25,7 +25,8 @@ mode scaling"), in the HPA's format. Pure except `create`/`delete`/`read_status`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from .custom_objects import CustomObjects
 
 GROUP, VERSION, PLURAL, KIND = "autoscaling.aibrix.ai", "v1alpha1", "podautoscalers", "PodAutoscaler"
 METRIC = "num_requests_running"  # AIBrix's name for vllm:num_requests_running
@@ -65,26 +66,7 @@ def pod_autoscaler(deployment: str, *, target_running: float, min_replicas: int,
     return body
 
 
-def create(api: Any, namespace: str, body: dict) -> None:
-    from kubernetes import client
-
-    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-
-
-def delete(api: Any, namespace: str, name: str) -> None:
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    try:
-        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-
-
-def read_status(api: Any, namespace: str, name: str) -> dict:
-    """The PodAutoscaler's status (actual/desired scale, conditions, scaling history)."""
-    from kubernetes import client
-
-    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    return obj.get("status") or {}
+_OBJECTS = CustomObjects(GROUP, VERSION, PLURAL)
+create = _OBJECTS.create
+delete = _OBJECTS.delete
+read_status = _OBJECTS.read_status  # the PodAutoscaler's status (actual/desired scale, conditions, scaling history)

@@ -17,7 +17,7 @@ Pure except `create`/`delete`/`read_status`.
 
 from __future__ import annotations
 
-from typing import Any
+from .custom_objects import CustomObjects
 
 GROUP, VERSION, PLURAL = "keda.sh", "v1alpha1", "scaledobjects"
 METRIC = "s0-prometheus"  # the external metric KEDA names for the first (prometheus) trigger
@@ -46,26 +46,7 @@ def hpa_name(scaled_object_name: str) -> str:
     return f"keda-hpa-{scaled_object_name}"
 
 
-def create(api: Any, namespace: str, body: dict) -> None:
-    from kubernetes import client
-
-    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-
-
-def delete(api: Any, namespace: str, name: str) -> None:
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    try:
-        client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-
-
-def read_status(api: Any, namespace: str, name: str) -> dict:
-    """The ScaledObject's status (conditions, external metric names, the HPA it made)."""
-    from kubernetes import client
-
-    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    return obj.get("status") or {}
+_OBJECTS = CustomObjects(GROUP, VERSION, PLURAL)
+create = _OBJECTS.create
+delete = _OBJECTS.delete
+read_status = _OBJECTS.read_status  # the ScaledObject's status (conditions, external metric names, the HPA it made)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from preheat.controller import builders as b
 from preheat.controller.spec import parse_spec
 
@@ -112,9 +113,10 @@ def test_model_uri_is_fetched_by_a_restricted_init_container_into_a_shared_volum
     assert init["args"] == [URI, "/model-store/model", "--record", b.FETCH_RECORD, "--sha256", digest]
     # The server loads what the init container wrote, from the same volume, read-only.
     assert server["args"][server["args"].index("--model") + 1] == "/model-store/model"
-    assert spec["volumes"] == [{"name": b.MODEL_STORE_VOLUME, "emptyDir": {}}]
+    assert spec["volumes"] == [{"name": b.MODEL_STORE_VOLUME, "emptyDir": {}}, {"name": b.TMP_VOLUME, "emptyDir": {}}]
     assert init["volumeMounts"] == [{"name": b.MODEL_STORE_VOLUME, "mountPath": "/model-store"}]
-    assert server["volumeMounts"] == [{"name": b.MODEL_STORE_VOLUME, "mountPath": "/model-store", "readOnly": True}]
+    assert server["volumeMounts"] == [{"name": b.MODEL_STORE_VOLUME, "mountPath": "/model-store", "readOnly": True},
+                                      {"name": b.TMP_VOLUME, "mountPath": "/tmp"}]
     assert {"name": "PREHEAT_FETCH_RECORD", "value": b.FETCH_RECORD} in server["env"]
     # Restricted Pod Security Standard, container level (and a read-only root filesystem).
     sc = init["securityContext"]
@@ -125,6 +127,22 @@ def test_model_uri_is_fetched_by_a_restricted_init_container_into_a_shared_volum
     # The download gets the server's CPU and memory, never its GPUs.
     assert init["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+@pytest.mark.parametrize("model", [{"builtin": "tiny"}, {"persistentVolumeClaim": "weights", "path": "/models/m"}])
+def test_the_server_container_is_restricted_and_writes_only_to_tmp(model):
+    """Admitted by the restricted Pod Security Standard; a read-only root filesystem, so the caches the image
+    points at /tmp land on an emptyDir, beside whatever volume the model comes from."""
+    spec = b.pod_template("ep", parse_spec({"model": model}))["spec"]
+    server = spec["containers"][0]
+    sc = server["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == b.IMAGE_UID
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": b.TMP_VOLUME, "mountPath": "/tmp"} in server["volumeMounts"]
+    assert {"name": b.TMP_VOLUME, "emptyDir": {}} in spec["volumes"]
+    # The model's own volume is still there (the tmp volume is added, never replaces it).
+    assert len(spec["volumes"]) == (2 if "persistentVolumeClaim" in model else 1)
 
 
 def test_cache_on_node_mounts_the_node_cache_in_both_containers():
@@ -179,3 +197,12 @@ def test_probes_and_metrics_scrape_use_paths_the_server_leaves_open_with_a_key()
              pod["metadata"]["annotations"]["prometheus.io/path"]]
     for path in paths:
         assert path in OPEN_PATHS or path.startswith(OPEN_PREFIXES), path
+
+
+def test_replicas_spread_over_nodes_without_ever_waiting_for_it():
+    spec = b.pod_template("ep", parse_spec({"model": {"builtin": "tiny"}}))["spec"]
+    [spread] = spec["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    # The same pods the Deployment owns: warm and serving alike.
+    assert spread["labelSelector"]["matchLabels"] == b.selector_labels("ep")

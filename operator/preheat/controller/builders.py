@@ -41,6 +41,7 @@ MODEL_CACHE_VOLUME = "model-cache"
 NODE_CACHE_DIR = "/var/cache/preheat/models"
 # The image's non-root user (model-server/Dockerfile: USER 65532:65532).
 IMAGE_UID = 65532
+TMP_VOLUME = "tmp"
 
 
 def operator_version() -> str:
@@ -200,6 +201,14 @@ def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": PRESTOP_SECONDS + spec.server.drain_timeout_seconds + 5,
+        # Replicas spread over nodes where there is room, so losing one node loses part of the fleet,
+        # not all of it; ScheduleAnyway: never left Pending for the sake of the spread.
+        "topologySpreadConstraints": [{
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector_labels(endpoint)},
+        }],
     }
     if spec.accelerator.node_selector:
         pod_spec["nodeSelector"] = dict(spec.accelerator.node_selector)
@@ -217,6 +226,7 @@ def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None
             }
         ]
         container["volumeMounts"] = [{"name": "model", "mountPath": spec.model.mount_path, "readOnly": True}]
+    _restrict(pod_spec, container)
     return {
         "metadata": {
             # New pods are born warm: outside the Service until the operator promotes them.
@@ -230,6 +240,15 @@ def pod_template(endpoint: str, spec: InferenceEndpointSpec, version: str | None
         },
         "spec": pod_spec,
     }
+
+
+def _restrict(pod_spec: dict[str, Any], server: dict[str, Any]) -> None:
+    """The server runs as the restricted Pod Security Standard asks, on a read-only root filesystem:
+    what it writes (torch and tokenizer caches; the image points HOME and XDG_CACHE_HOME there) goes to
+    a /tmp emptyDir."""
+    server["securityContext"] = restricted_security_context()
+    pod_spec["volumes"] = [*pod_spec.get("volumes", []), {"name": TMP_VOLUME, "emptyDir": {}}]
+    server["volumeMounts"] = [*server.get("volumeMounts", []), {"name": TMP_VOLUME, "mountPath": "/tmp"}]
 
 
 def restricted_security_context() -> dict[str, Any]:

@@ -176,6 +176,14 @@ class LocalCluster:
     def prometheus_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['prometheus']}"
 
+    @property
+    def prometheus_url_for_pods(self) -> str:
+        """Prometheus as pods reach it: on real nodes a pod has its own loopback, so through the
+        namespace's address the API server advertises; on the node agent pods share the host's."""
+        if self._state().get("node_kind", self.node_kind) == "real":
+            return f"http://{API_SERVER_IP}:{self.ports['prometheus']}"
+        return self.prometheus_url
+
     def pod_log_path(self, namespace: str, pod: str, container: str | None = None) -> Path:
         """The log file of a pod's container (the first container's when `container` is None)."""
         d = self.pods_dir / namespace / pod / "logs"
@@ -497,7 +505,10 @@ class LocalCluster:
         d = self.state_dir / "prometheus"
         self._start("prometheus", [
             prom, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}", "--web.enable-lifecycle",
+            # Real nodes' pods (an operator pod) reach it from their own network namespaces; every
+            # address here is inside the cluster's namespace (scripts/netns.sh), never the machine's.
+            f"--web.listen-address={'0.0.0.0' if self._state().get('node_kind', self.node_kind) == 'real' else '127.0.0.1'}"
+            f":{self.ports['prometheus']}", "--web.enable-lifecycle",
             "--storage.tsdb.retention.time=2d", "--log.level=warn",
         ])
         if wait:

@@ -7,7 +7,7 @@
 #   - preheat/operator from operator/Dockerfile and preheat/model-server from model-server/Dockerfile.
 # Everything is cached by content: the base by its package list, an image by the hash of its
 # Dockerfile, build arguments, base image and every file the Dockerfile COPYs; a second run takes
-# seconds. Usage: cluster/images.sh [all|base|pause|operator|model-server|model-server-cuda]...
+# seconds. Usage: cluster/images.sh [all|base|pause|operator|lightweight-server|model-server|model-server-cuda]...
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
@@ -84,22 +84,26 @@ build_pause() {
   save "$ref" pause "$KUBERNETES_VERSION"
 }
 
-# Every file a Dockerfile COPYs from the context (not --from a stage), for the content hash.
+# Every file a Dockerfile COPYs from the context (not --from a stage), for the content hash; but the
+# README, which only becomes the package's long description (pyproject's `readme`): editing the docs
+# must not rebuild a 6 GB image.
 copied_files() {
-  local df="$1"
+  local df="$1" ctx="$2"
   grep -E '^COPY ' "$df" | grep -v -- '--from' | awk '{for (i = 2; i < NF; i++) print $i}' | while read -r src; do
-    find "$repo/$src" -type f ! -path '*/__pycache__/*' ! -name '*.pyc'
+    [ "$src" = README.md ] && continue
+    find "$ctx/$src" -type f ! -path '*/__pycache__/*' ! -name '*.pyc'
   done | sort
 }
 
 # image name, Dockerfile, extra build args...: builds FROM our base unless PYTHON_IMAGE/CUDA_IMAGE is given.
+# The build context is the repository unless CONTEXT names another directory.
 build_app() {
   local name="$1" df="$2"; shift 2
-  local base args=("$@") key ref
+  local base args=("$@") key ref ctx="${CONTEXT:-$repo}"
   base="$(base_ref)"
   podman image exists "$base" || build_base
   key="$( { cat "$df"; printf '%s\n' "${args[@]}"; podman image inspect --format '{{.Id}}' "$base";
-            copied_files "$df" | while read -r f; do echo "${f#"$repo"/}"; cat "$f"; done; } | sha)"
+            copied_files "$df" "$ctx" | while read -r f; do echo "${f#"$repo"/}"; cat "$f"; done; } | sha)"
   ref="localhost/$name:$key"
   if podman image exists "$ref"; then
     log "$name $key cached"
@@ -112,9 +116,10 @@ build_app() {
       [ -f "$f" ] && mounts+=(--volume "$f:$f:ro")
     done
     podman build --network host --layers "${mounts[@]}" --build-arg "PYTHON_IMAGE=$base" "${args[@]}" \
-      -f "$df" -t "$ref" "$repo"
+      -f "$df" -t "$ref" "$ctx"
   fi
   podman tag "$ref" "docker.io/$name:$APP_VERSION" "docker.io/$name:dev"
+  [ "${SAVE:-1}" = 1 ] || return 0
   save "$ref" "${name##*/}" "$key" "docker.io/$name:$APP_VERSION" "docker.io/$name:dev"
 }
 
@@ -130,21 +135,48 @@ save() {
   log "$short: $(du -h "$tar" | cut -f1) archive"
 }
 
-# The Dockerfile's default torch index (PyTorch's CPU-only wheels) is not reachable from every
-# machine; PREHEAT_TORCH_INDEX picks another. PyPI's torch is the CUDA build: it runs on CPU, but
-# brings ~3 GB of NVIDIA libraries that libtorch_cpu links against, so the image is that much larger.
-build_model_server() {
-  local args=() index="${PREHEAT_TORCH_INDEX:-}"
+# A Dockerfile's default torch index (PyTorch's own wheel indexes) is not reachable from every machine;
+# $2 (PREHEAT_TORCH_INDEX / PREHEAT_TORCH_CUDA_INDEX) picks another, else PyPI is used when the default
+# does not answer. PyPI's torch is the CUDA build: on the CPU image it runs on CPU, but brings ~3 GB of
+# NVIDIA libraries that libtorch_cpu links against, so the image is that much larger.
+torch_index_args() {
+  local df="$1" index="$2" default
   if [ -z "$index" ]; then
-    local cpu_index
-    cpu_index="$(sed -nE 's/^ARG TORCH_INDEX=(.*)/\1/p' "$repo/model-server/Dockerfile")"
-    if ! curl -fsS -o /dev/null --max-time 15 "$cpu_index/torch/" 2>/dev/null; then
+    default="$(sed -nE 's/^ARG TORCH_INDEX=(.*)/\1/p' "$df")"
+    if ! curl -fsS -o /dev/null --max-time 15 "$default/torch/" 2>/dev/null; then
       index=https://pypi.org/simple
-      log "model-server: $cpu_index is not reachable; torch from $index (the CUDA build, ~3 GB more)"
+      log "${df#"$repo"/}: $default is not reachable; torch from $index (the CUDA build)"
     fi
   fi
-  [ -n "$index" ] && args+=(--build-arg "TORCH_INDEX=$index")
-  build_app preheat/model-server "$repo/model-server/Dockerfile" "${args[@]}"
+  [ -z "$index" ] || echo "--build-arg TORCH_INDEX=$index"
+}
+
+build_model_server() {
+  local df="$repo/model-server/Dockerfile" args
+  read -r -a args <<< "$(torch_index_args "$df" "${PREHEAT_TORCH_INDEX:-}")"
+  build_app preheat/model-server "$df" "${args[@]}"
+}
+
+# The CUDA image cannot run here (no GPU); it is built to show the Dockerfile builds, FROM the same
+# debootstrapped Debian base in place of NVIDIA's CUDA runtime image (the registry is unreachable): the
+# CUDA libraries come from PyPI with torch, as on the CPU image. Not saved for the nodes.
+build_model_server_cuda() {
+  local df="$repo/model-server/Dockerfile.cuda" args
+  read -r -a args <<< "$(torch_index_args "$df" "${PREHEAT_TORCH_CUDA_INDEX:-}")"
+  podman image exists "$(base_ref)" || build_base
+  SAVE=0 build_app preheat/model-server-cuda "$df" --build-arg "CUDA_IMAGE=$(base_ref)" "${args[@]}"
+}
+
+# The tests' stand-in model server (lab/preheat_cluster/lightweight_server.py: health routes and request
+# metrics, no model) on the operator image, which has its one dependency (prometheus-client): lab code,
+# so its own build context, never the product's.
+build_lightweight_server() {
+  local operator
+  operator="$(podman image inspect --format '{{.Id}}' docker.io/preheat/operator:dev 2>/dev/null)" \
+    || build_app preheat/operator "$repo/operator/Dockerfile"
+  operator="$(podman image inspect --format '{{.Id}}' docker.io/preheat/operator:dev)"
+  CONTEXT="$repo/lab/preheat_cluster" build_app preheat/lightweight-server \
+    "$repo/lab/preheat_cluster/lightweight-server.Dockerfile" --build-arg "OPERATOR_IMAGE=$operator"
 }
 
 main() {
@@ -158,9 +190,11 @@ main() {
       pause) timed build_pause ;;
       operator) timed build_app preheat/operator "$repo/operator/Dockerfile" ;;
       model-server) timed build_model_server ;;
+      model-server-cuda) timed build_model_server_cuda ;;
+      lightweight-server) timed build_lightweight_server ;;
       all) timed build_base; timed build_pause; timed build_app preheat/operator "$repo/operator/Dockerfile"
-           timed build_model_server ;;
-      *) echo "usage: $0 [all|base|pause|operator|model-server]..." >&2; exit 2 ;;
+           timed build_lightweight_server; timed build_model_server ;;
+      *) echo "usage: $0 [all|base|pause|operator|lightweight-server|model-server|model-server-cuda]..." >&2; exit 2 ;;
     esac
   done
 }

@@ -24,7 +24,7 @@ bash cluster/build-node.sh pause
 binaries_pid=$!
 make --no-print-directory setup
 images_start=$(date +%s)
-bash cluster/images.sh all > >(sed 's/^/[images] /') 2>&1
+bash cluster/images.sh all > >(sed 's/^\[images\] //; s/^/[images] /') 2>&1
 echo "== images took $(( $(date +%s) - images_start )) s"
 wait "$binaries_pid"
 echo "== build and setup took $(( $(date +%s) - start )) s"

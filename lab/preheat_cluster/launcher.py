@@ -30,7 +30,16 @@ from . import procs
 from .pki import Pki, ensure_front_proxy, ensure_pki, issue_cert
 from .podnet import choose_pod_cidr, release_block
 from .prometheus import remove_file_sd_target, render_config, write_config, write_file_sd_target
-from .realnode import API_SERVER_IP, SERVICE_CIDR, NodeError, NodeFleet, node_binaries_missing, plan_nodes
+from .realnode import (
+    API_SERVER_IP,
+    SERVICE_CIDR,
+    NodeError,
+    NodeFleet,
+    node_binaries_missing,
+    plan_nodes,
+    pod_log_files,
+    preloaded_images,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".cluster"
@@ -111,6 +120,8 @@ class LocalCluster:
     scrape_interval: str | None = None
     ready_timeout_s: float = 180.0
     node_kind: str = field(default_factory=lambda: os.environ.get("PREHEAT_NODE_KIND", "agent"))
+    # Real nodes: the image archives every node imports at start (realnode.preloaded_images).
+    node_images: tuple[str, ...] = field(default_factory=lambda: preloaded_images(os.environ.get("PREHEAT_NODE_IMAGES")))
 
     def __post_init__(self) -> None:
         if self.node_kind not in NODE_KINDS:
@@ -185,7 +196,11 @@ class LocalCluster:
         return self.prometheus_url
 
     def pod_log_path(self, namespace: str, pod: str, container: str | None = None) -> Path:
-        """The log file of a pod's container (the first container's when `container` is None)."""
+        """The log file of a pod's container (the first container's when `container` is None); on real
+        nodes the kubelet's newest log of it."""
+        if self._state().get("node_kind", self.node_kind) == "real":
+            files = pod_log_files(self.state_dir, namespace, pod, container)
+            return files[-1] if files else self.state_dir / "nodes" / "no-log-yet" / f"{namespace}_{pod}.log"
         d = self.pods_dir / namespace / pod / "logs"
         if container:
             return d / f"{container}.log"
@@ -223,7 +238,7 @@ class LocalCluster:
             sandbox_image=f"localhost/preheat/pause:{pinned_versions()['KUBERNETES_VERSION']}",
             start=self._start, kubectl=lambda *a, input=None: kubectl(self, *a, input=input),
             write_kubeconfig=self._write_kubeconfig,
-            issue_cert=lambda name, **kw: issue_cert(self.pki, name, **kw))
+            issue_cert=lambda name, **kw: issue_cert(self.pki, name, **kw), images=self.node_images)
 
     def load_image(self, name: str) -> float:
         """Import cluster/images.sh's archive `name` (e.g. "model-server") into every real node;

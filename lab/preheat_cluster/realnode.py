@@ -43,8 +43,21 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 
 
 # Imported into every node at start; the others (the model server's is ~6 GB with PyPI's torch) on
-# demand through `LocalCluster.load_image`.
+# demand through `LocalCluster.load_image`, or at start when named in $PREHEAT_NODE_IMAGES.
 PRELOADED_IMAGES = ("pause", "operator")
+
+
+def preloaded_images(env: str | None) -> tuple[str, ...]:
+    """The archives every node imports at start: pause and the operator, plus a comma-separated list."""
+    extra = [i.strip() for i in (env or "").split(",") if i.strip()]
+    return tuple(dict.fromkeys([*PRELOADED_IMAGES, *extra]))
+
+
+def pod_log_files(state_dir: Path, namespace: str, pod: str, container: str | None) -> list[Path]:
+    """A pod's container logs on any real node (the kubelet's podLogsDir: <ns>_<pod>_<uid>/<container>/<n>.log),
+    oldest first."""
+    pattern = f"nodes/*/pod-logs/{namespace}_{pod}_*/{container or '*'}/*.log"
+    return sorted(Path(state_dir).glob(pattern), key=lambda p: p.stat().st_mtime)
 
 
 class NodeError(RuntimeError):
@@ -422,6 +435,7 @@ class NodeFleet:
     kubectl: Callable[..., str]
     write_kubeconfig: Callable[[Path, str], None]
     issue_cert: Callable[..., tuple[Path, Path]]
+    images: tuple[str, ...] = PRELOADED_IMAGES
     down_timings_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -467,8 +481,11 @@ class NodeFleet:
             wait_for(f"{n.name}'s containerd socket", n.socket.exists, 30)
         t["containerd_s"] = time.monotonic() - t0
         t1 = time.monotonic()
+        missing = set(self.images) - {t.stem for t in archives}
+        if missing:
+            raise NodeError(f"no image archive for {sorted(missing)} in {self.cache / 'images'}: run `make images`")
         for tar in archives:
-            if tar.stem in PRELOADED_IMAGES:
+            if tar.stem in self.images:
                 self.load_image(tar)
         t["image_import_s"] = time.monotonic() - t1
         for n in self.nodes:

@@ -54,7 +54,7 @@ def main() -> None:
                 "spec": {"replicas": args.pods, "selector": {"matchLabels": {"app": "bench"}}, "template": {
                     "metadata": {"labels": {"app": "bench"}},
                     "spec": {"terminationGracePeriodSeconds": 5, "containers": [{
-                        "name": "s", "image": "preheat/lightweight-server",
+                        "name": "s", "image": "preheat/lightweight-server:dev",
                         "readinessProbe": {"httpGet": {"path": "/health/ready", "port": 8000}, "periodSeconds": 5}}]}}}})
             n = 0
             while time.monotonic() - t0 < args.timeout_s:

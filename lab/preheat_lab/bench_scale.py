@@ -41,7 +41,7 @@ def _endpoint(name: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "model": {"builtin": "tiny"},
-            "server": {"image": "preheat/lightweight-server:bench", "drainTimeoutSeconds": 1},
+            "server": {"image": "preheat/lightweight-server:dev", "drainTimeoutSeconds": 1},
             "scaling": {"minReplicas": 1, "maxReplicas": 2, "warmPool": {"min": 0, "max": 0},
                         "intervalSeconds": 15},
         },

@@ -412,7 +412,7 @@ def test_prometheus_discovers_pods_and_scrapes_their_counter(core, kube_api, nam
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "lw"}}, "template": {
             "metadata": {"labels": labels, "annotations": {
                 "prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}},
-            "spec": {"containers": [{"name": "server", "image": "preheat/lightweight-server:test",
+            "spec": {"containers": [{"name": "server", "image": "preheat/lightweight-server:dev",
                                      "readinessProbe": {"httpGet": {"path": "/health/ready", "port": 8000},
                                                         "periodSeconds": 1}}]}}}})
     pods = wait_for("2 ready lightweight servers", lambda: ready_pods(core, namespace, "app=lw", 2), 90)

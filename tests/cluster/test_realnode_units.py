@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from preheat_cluster.realnode import (
     image_archives,
     kubelet_config,
     plan_nodes,
+    pod_log_files,
+    preloaded_images,
 )
 
 
@@ -96,3 +99,23 @@ def test_image_archives_put_pause_first_and_skip_the_base(tmp_path: Path) -> Non
     for name in ("base-bookworm-x.tar", "operator.tar", "pause.tar", "model-server.tar"):
         (d / name).write_bytes(b"")
     assert [t.name for t in image_archives(tmp_path)] == ["pause.tar", "model-server.tar", "operator.tar"]
+
+
+def test_nodes_preload_pause_and_the_operator_plus_what_the_environment_names() -> None:
+    assert preloaded_images(None) == ("pause", "operator")
+    assert preloaded_images(" model-server,,lightweight-server, operator ") == (
+        "pause", "operator", "model-server", "lightweight-server")
+
+
+def test_pod_logs_are_found_under_any_nodes_kubelet_log_dir(tmp_path: Path) -> None:
+    logs = plan_nodes(tmp_path, 2, "cccc")[1].dir / "pod-logs"
+    first = logs / "ns_web-0_uid1" / "main" / "0.log"
+    restarted = logs / "ns_web-0_uid1" / "main" / "1.log"
+    other = logs / "ns_web-1_uid2" / "main" / "0.log"
+    for i, f in enumerate((first, restarted, other)):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x")
+        os.utime(f, (1000 + i, 1000 + i))
+    assert pod_log_files(tmp_path, "ns", "web-0", "main") == [first, restarted]
+    assert pod_log_files(tmp_path, "ns", "web-0", None) == [first, restarted]
+    assert pod_log_files(tmp_path, "ns", "web-0", "sidecar") == []

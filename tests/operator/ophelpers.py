@@ -184,7 +184,7 @@ def lightweight_endpoint(name: str, **scaling: Any) -> dict:
         "metadata": {"name": name},
         "spec": {
             "model": {"builtin": "tiny"},
-            "server": {"image": "preheat/lightweight-server:test", "drainTimeoutSeconds": 1,
+            "server": {"image": "preheat/lightweight-server:dev", "drainTimeoutSeconds": 1,
                        "extraArgs": ["--startup-delay-s", "1"]},
             "scaling": base_scaling,
             "prometheus": {"window": "30s", "panicWindow": "15s"},

@@ -17,6 +17,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from preheat_cluster.realnode import POD_CIDR
+
 from .tools import Kube
 
 
@@ -68,13 +70,14 @@ def serving_addresses(kube: Kube, namespace: str, service: str) -> list[tuple[st
     return out
 
 
-# The local cluster's pod range: RFC 2544 benchmarking addresses routed to the loopback device.
-LOCAL_POD_RANGE = ipaddress.ip_network("198.18.0.0/15")
+# The local cluster's pod ranges: the node agent's RFC 2544 benchmarking addresses routed to the loopback
+# device, and real nodes' pod CIDR, whose bridges live in the same network namespace as the tests.
+LOCAL_POD_RANGES = (ipaddress.ip_network("198.18.0.0/15"), ipaddress.ip_network(POD_CIDR))
 
 
 def is_host_local(ip: str) -> bool:
     addr = ipaddress.ip_address(ip)
-    return addr.is_loopback or addr in LOCAL_POD_RANGE
+    return addr.is_loopback or any(addr in r for r in LOCAL_POD_RANGES)
 
 
 def _post(kube: Kube, handle: Any, namespace: str, pod: str, ip: str, port: int, body: dict[str, Any]) -> int:

@@ -191,11 +191,14 @@ def rewrite_paths(value: str, mounts: dict[str, str]) -> str:
     """Rewrite container paths under a mount point into the pod directory: an argument such as
     `--config=/etc/preheat/config.yaml` then names the file the agent materialised. Longest mount
     path wins; only whole path components match (`/etc/preheatx` is not under `/etc/preheat`)."""
-    for mp in sorted(mounts, key=len, reverse=True):
-        pat = re.compile(r"(?<![A-Za-z0-9_.-])" + re.escape(mp.rstrip("/")) + r"(?=/|$|[\s:=,;\"'])")
-        if pat.search(value):
-            value = pat.sub(lambda _m, mp=mp: mounts[mp], value)
-    return value
+    if not mounts:
+        return value
+    # One pass over all mount points (longest first in the alternation): a replacement is never matched
+    # again, so a pod dir that itself lies under a mount point (/tmp) is left as it is.
+    by_path = {mp.rstrip("/") or "/": local for mp, local in mounts.items()}
+    alternation = "|".join(re.escape(mp) for mp in sorted(by_path, key=len, reverse=True))
+    pat = re.compile(r"(?<![A-Za-z0-9_.-])(" + alternation + r")(?=/|$|[\s:=,;\"'])")
+    return pat.sub(lambda m: by_path[m.group(1)], value)
 
 
 SERVICEACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -165,6 +165,12 @@ def test_mount_paths_are_rewritten_whole_components_only() -> None:
     assert rewrite_paths("--config=/etc/preheat/c.yaml", mounts) == "--config=/pods/a/volumes/cfg/c.yaml"
     assert rewrite_paths("/etc/preheat/extra/x", mounts) == "/pods/a/volumes/extra/x"
     assert rewrite_paths("/etc/preheatx/y", mounts) == "/etc/preheatx/y"
+    # A pod dir that itself lies under another mount point (a checkout under /tmp, a /tmp emptyDir) is
+    # rewritten once, never again.
+    nested = {"/model-store": "/tmp/ci/.cluster/pods/p/volumes/model-store", "/tmp": "/tmp/ci/.cluster/pods/p/volumes/tmp"}
+    assert rewrite_paths("/model-store/model", nested) == "/tmp/ci/.cluster/pods/p/volumes/model-store/model"
+    assert rewrite_paths("--x=/tmp/a,/model-store/b", nested) == (
+        "--x=/tmp/ci/.cluster/pods/p/volumes/tmp/a,/tmp/ci/.cluster/pods/p/volumes/model-store/b")
     assert env_key("/var/run/secrets/kubernetes.io/serviceaccount") == (
         "PREHEAT_MOUNT_VAR_RUN_SECRETS_KUBERNETES_IO_SERVICEACCOUNT")
 

@@ -117,10 +117,22 @@ build_app() {
     done
     podman build --network host --layers "${mounts[@]}" --build-arg "PYTHON_IMAGE=$base" "${args[@]}" \
       -f "$df" -t "$ref" "$ctx"
+    prune "$name" "$ref"
   fi
   podman tag "$ref" "docker.io/$name:$APP_VERSION" "docker.io/$name:dev"
   [ "${SAVE:-1}" = 1 ] || return 0
   save "$ref" "${name##*/}" "$key" "docker.io/$name:$APP_VERSION" "docker.io/$name:dev"
+}
+
+# The disk is the limit here (a model-server image and its build stage are 6 GB each): once an image is
+# built, its older builds (other keys; kept if another image is built FROM them) and the dangling
+# build stages go. A rebuild then starts from its base again.
+prune() {
+  local name="$1" keep="$2" old
+  podman images --format '{{.Repository}}:{{.Tag}}' "localhost/$name" | while read -r old; do
+    [ "$old" = "$keep" ] || podman rmi "$old" >/dev/null 2>&1 || true
+  done
+  podman image prune -f >/dev/null 2>&1 || true
 }
 
 # Saves an image (under every name given) as a docker archive $out/<short>.tar with a .key beside it;

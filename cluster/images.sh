@@ -115,7 +115,7 @@ build_app() {
     for f in /etc/pip.conf /etc/ssl/certs/ca-certificates.crt; do
       [ -f "$f" ] && mounts+=(--volume "$f:$f:ro")
     done
-    podman build --network host --layers "${mounts[@]}" --build-arg "PYTHON_IMAGE=$base" "${args[@]}" \
+    podman build --network host --layers --force-rm "${mounts[@]}" --build-arg "PYTHON_IMAGE=$base" "${args[@]}" \
       -f "$df" -t "$ref" "$ctx"
     prune "$name" "$ref"
   fi
@@ -126,7 +126,8 @@ build_app() {
 
 # The disk is the limit here (a model-server image and its build stage are 6 GB each): once an image is
 # built, its older builds (other keys; kept if another image is built FROM them) and the dangling
-# build stages go. A rebuild then starts from its base again.
+# build stages go (--force-rm: a failed build leaves no working container either). A rebuild then starts
+# from its base again.
 prune() {
   local name="$1" keep="$2" old
   podman images --format '{{.Repository}}:{{.Tag}}' "localhost/$name" | while read -r old; do

@@ -514,10 +514,11 @@ class NodeFleet:
     def load_image(self, archive: Path) -> None:
         """Import an image archive into every node's containerd (what `kind load` does)."""
         # --discard-unpacked-layers: once unpacked into the snapshotter the compressed layers can go, so a
-        # node holds one copy of an image, not two (the model server's is 6 GB per copy).
+        # node holds one copy of an image, not two (the model server's is 6 GB per copy); ctr allows it only
+        # for a --local import (not through the transfer service).
         for n in self.nodes:
             run([str(self.bin_dir / "ctr"), f"--address={n.socket}", "-n", "k8s.io", "images", "import",
-                 "--all-platforms", "--discard-unpacked-layers", str(archive)], timeout=900)
+                 "--all-platforms", "--local", "--discard-unpacked-layers", str(archive)], timeout=900)
 
     def down(self, pids: dict[str, int], terminate: Callable[..., list[int]]) -> list[str]:
         """Stop kubelets, then every pod through CRI, then containerd; undo every host change.

@@ -181,11 +181,15 @@ def kubelet_config(node: NodePlan, *, ca: Path, cert: Path, key: Path) -> dict:
         "podLogsDir": str(node.dir / "pod-logs"),
         "podCIDR": node.pod_cidr,
         "protectKernelDefaults": False,
-        # Both nodes see the same disk, and images cannot be pulled again: no image GC, and disk
-        # eviction only when the disk is really full.
+        # Both nodes see the machine's disk, and images cannot be pulled again: no image GC and no disk
+        # eviction, as kind configures its nodes ("disable disk resource management by default",
+        # sigs.k8s.io/kind pkg/cluster/internal/kubeadm/config.go). With a 2 % threshold, importing the
+        # 6 GB model-server image on a nearly full disk set DiskPressure, and its 5-minute transition
+        # period kept a test pod unschedulable past its deadline.
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "200Mi", "nodefs.available": "2%", "imagefs.available": "2%",
-                         "nodefs.inodesFree": "2%"},
+        "evictionHard": {"memory.available": "200Mi", "nodefs.available": "0%", "imagefs.available": "0%",
+                         "nodefs.inodesFree": "0%"},
+        "evictionPressureTransitionPeriod": "10s",
         "serializeImagePulls": False,
         "shutdownGracePeriod": "0s",
         "nodeStatusUpdateFrequency": "5s",

@@ -109,6 +109,16 @@ def get(cluster, kind: str, name: str, ns: str) -> dict:
     return json.loads(kc(cluster, "get", kind, name, "-n", ns, "-o", "json").stdout)
 
 
+def wait_ready(cluster, pod_name: str, ns: str, timeout: float) -> dict:
+    """The pod once Ready; on a timeout the failure says why (its status, events and log tail)."""
+    try:
+        return wait(f"pod {pod_name} Ready", lambda: running(cluster, pod_name, ns), timeout=timeout)
+    except AssertionError as e:
+        describe = kc(cluster, "describe", "pod", pod_name, "-n", ns, check=False).stdout[-3000:]
+        logs = kc(cluster, "logs", pod_name, "-n", ns, "--tail=30", check=False)
+        raise AssertionError(f"{e}\n{describe}\n--- log ---\n{logs.stdout}{logs.stderr}") from None
+
+
 def running(cluster, pod: str, ns: str) -> dict | None:
     p = json.loads(kc(cluster, "get", "pod", pod, "-n", ns, "-o", "json", check=False).stdout or "{}")
     ready = any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
@@ -185,7 +195,7 @@ def test_model_server_pod_has_its_limits(real, ns: str, model_server_image: str)
     # It binds $POD_IP, as the operator's pods do.
     server["spec"]["containers"][0]["env"] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     apply(real, server)
-    wait("the model-server pod Ready", lambda: running(real, "server", ns), timeout=300)
+    wait_ready(real, "server", ns, timeout=300)
     inside = probe(real, "server", ns)
     assert inside["cpu_quota"] == ["100000"]
     assert inside["memory_limit"] == [str(2**30)]

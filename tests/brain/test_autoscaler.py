@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from preheat.scaling.autoscaler import Autoscaler, ScalingPolicy
 from preheat.scaling.forecast import DAY_S
-from preheat.scaling.policy import Decision, Observation, PolicyConfig, replicas_needed
+from preheat.scaling.policy import Decision, Observation, PolicyConfig, PolicyState, replicas_needed
 
 COLD_START_S = 300.0
 STEP_S = 120.0  # decision interval; coarser than the operator's 15 s to keep the test fast
@@ -205,3 +205,65 @@ def test_the_upper_quantile_sizes_a_warm_margin_only_from_a_ready_forecaster(rea
         Observation(time_s=0.0, value=40.0, current_serving=4, serving_ready=4))
     assert d.serving == 10 and d.forecast_upper == 140.0
     assert d.warm == (4 if ready else 0)
+
+
+class _LevelForecaster:
+    """Forecasts the last value seen (a level model: what a forecaster without its season says)."""
+
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready
+        self.last: float | None = None
+
+    def update(self, t_s: float, value: float | None) -> None:
+        self.last = value
+
+    def forecast(self, t_s: float, horizon_s: float) -> float | None:
+        return self.last
+
+    def forecast_upper(self, t_s: float, horizon_s: float, quantile: float = 0.9) -> float | None:
+        return self.last
+
+    def to_dict(self) -> dict:
+        return {"kind": "level"}
+
+
+def _ramp(scaler: Autoscaler, until_s: float = 300.0) -> Decision:
+    """The signal rises 1/s from 100 (a 15 s decision interval); the decision at `until_s`."""
+    d = None
+    for i in range(int(until_s // 15) + 1):
+        t = 15.0 * i
+        d = scaler.step(Observation(time_s=t, value=100.0 + t, current_serving=10, serving_ready=10))
+    assert d is not None
+    return d
+
+
+def test_a_forecaster_without_its_season_is_floored_by_the_signals_short_trend_on_a_ramp() -> None:
+    """A level forecast follows a ramp a signal lag late. Until the forecaster is ready, a least-squares
+    line through the last trend_window_s of the signal, projected by the signal's lag (half the 60 s
+    window + a 15 s scrape) and one interval, floors the point forecast: at t = 300 s the signal is 400 and
+    rises 1/s, so the floor is 460 (46 replicas of 10) where the level asks for 40. A ready forecaster,
+    and the floor turned off, decide as before; the trend's samples survive a restart through JSON."""
+    config = PolicyConfig(min_replicas=1, max_replicas=100, target_per_replica=10.0, target_utilization=1.0)
+    assert config.signal_lag_s + config.decision_interval_s == 60.0
+    floored = _ramp(Autoscaler(config, _LevelForecaster(ready=False)))
+    assert floored.forecast_value == pytest.approx(460.0) and floored.serving == 46
+    assert _ramp(Autoscaler(config, _LevelForecaster(ready=True))).serving == 40
+    off = config.with_(trend_window_s=0.0)
+    assert _ramp(Autoscaler(off, _LevelForecaster(ready=False))).serving == 40
+
+    # The samples the line needs are policy state: a restart from JSON half-way decides the same.
+    half = Autoscaler(config, _LevelForecaster(ready=False))
+    _ramp(half, until_s=150.0)
+    assert len(half.state.recent_signal) == 11
+    saved = json.loads(json.dumps(half.state.to_dict()))
+    restored = Autoscaler(config, _LevelForecaster(ready=False), PolicyState.from_dict(saved))
+    for i in range(11, 21):
+        t = 15.0 * i
+        obs = Observation(time_s=t, value=100.0 + t, current_serving=10, serving_ready=10)
+        assert restored.step(obs) == (d := half.step(obs))
+    assert d.serving == 46
+    # A falling signal never lowers the forecast below the level's.
+    down = Autoscaler(config, _LevelForecaster(ready=False))
+    for i in range(21):
+        d = down.step(Observation(time_s=15.0 * i, value=400.0 - 15.0 * i, current_serving=40, serving_ready=40))
+    assert d.forecast_value == pytest.approx(100.0)

@@ -76,10 +76,11 @@ class Autoscaler:
                 forecast_value, forecast_upper = self.forecast_over(float(obs.time_s), lead)
             except (TypeError, ValueError, OverflowError):
                 forecast_value = forecast_upper = None
-        # The upper quantile sizes a warm margin only once the forecaster has its full model (decide_measured).
-        margin = bool(getattr(self.forecaster, "ready", True))
+        # Until the forecaster has its full model the upper quantile sizes no warm margin and the short
+        # trend floors the point forecast (decide_measured).
+        ready = bool(getattr(self.forecaster, "ready", True))
         decision, self.state = decide_measured(
-            self.config, self.state, obs, forecast_value, forecast_upper, measured, lead, margin
+            self.config, self.state, obs, forecast_value, forecast_upper, measured, lead, ready
         )
         return decision
 

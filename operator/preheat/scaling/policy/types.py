@@ -92,6 +92,10 @@ class PolicyConfig:
     warm_cost_fraction: float = 1.0
     # Prometheus' scrape interval: with half the stable window, the signal's own lag (in the lead time).
     scrape_interval_s: float = 15.0
+    # While the forecaster has no season yet (it forecasts the level), a least-squares line through the
+    # signal over this many seconds, projected by the signal's lag + one interval, floors the point
+    # forecast (AIBrix's short trend; decide._trend_floor). 0: off.
+    trend_window_s: float = 300.0
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -129,6 +133,7 @@ class PolicyConfig:
         finite("burst_threshold", 1.0)
         finite("warm_cost_fraction", 0.0, lo_open=True)
         finite("scrape_interval_s", 0.0)
+        finite("trend_window_s", 0.0)
         if not out:
             if self.target_utilization > 1.0:
                 out.append(f"target_utilization must be <= 1, got {self.target_utilization!r}")
@@ -322,6 +327,9 @@ class PolicyState:
     last_data_s: float | None = None
     # (time, short-window need) of recent bursts, a monotone max-queue over burst_memory_s.
     burst_needs: TimeWindow = field(default_factory=TimeWindow)
+    # (time, signal) of the fresh observations within trend_window_s, kept only while the short trend
+    # floors the forecast (a forecaster without its season).
+    recent_signal: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Windows given as plain (time, value) tuples (tests, restored state) become TimeWindows.
@@ -336,6 +344,7 @@ class PolicyState:
         d["total_recommendations"] = [list(r) for r in self.total_recommendations]
         d["burst_needs"] = [list(r) for r in self.burst_needs]
         d["cold_start_samples_s"] = list(self.cold_start_samples_s)
+        d["recent_signal"] = [list(r) for r in self.recent_signal]
         return d
 
     @classmethod
@@ -344,4 +353,5 @@ class PolicyState:
         for key in ("serving_recommendations", "total_recommendations", "burst_needs"):
             d[key] = tuple((float(t), int(n)) for t, n in d.get(key, ()))
         d["cold_start_samples_s"] = tuple(float(x) for x in d.get("cold_start_samples_s", ()))
+        d["recent_signal"] = tuple((float(t), float(v)) for t, v in d.get("recent_signal", ()))
         return cls(**d)

@@ -108,6 +108,10 @@ build_app() {
   if podman image exists "$ref"; then
     log "$name $key cached"
   else
+    # Older builds and the old archive go first: on a small disk a rebuild of the 6 GB model-server image
+    # (build stage, image, archive) must not have to fit beside the old one.
+    prune "$name" ""
+    rm -f "$out/${name##*/}.tar" "$out/${name##*/}.tar.key"
     log "$name: podman build -f ${df#"$repo"/}"
     # pip inside the build uses this host's pip configuration and CA bundle, mounted for the RUN
     # steps only (nothing of the host is baked into the image); the host network reaches the index.
@@ -130,6 +134,11 @@ build_app() {
 # from its base again.
 prune() {
   local name="$1" keep="$2" old
+  # Before a build (keep empty) the docker.io names go too: an image's layers are freed only with its
+  # last name.
+  if [ -z "$keep" ]; then
+    for old in "docker.io/$name:dev" "docker.io/$name:$APP_VERSION"; do podman rmi "$old" >/dev/null 2>&1 || true; done
+  fi
   podman images --format '{{.Repository}}:{{.Tag}}' "localhost/$name" | while read -r old; do
     [ "$old" = "$keep" ] || podman rmi "$old" >/dev/null 2>&1 || true
   done

@@ -185,7 +185,6 @@ build_model_server() {
 build_model_server_cuda() {
   local df="$repo/model-server/Dockerfile.cuda" args
   read -r -a args <<< "$(torch_index_args "$df" "${PREHEAT_TORCH_CUDA_INDEX:-}")"
-  podman image exists "$(base_ref)" || build_base
   SAVE=0 build_app preheat/model-server-cuda "$df" --build-arg "CUDA_IMAGE=$(base_ref)" "${args[@]}"
 }
 
@@ -194,8 +193,7 @@ build_model_server_cuda() {
 # so its own build context, never the product's.
 build_lightweight_server() {
   local operator
-  operator="$(podman image inspect --format '{{.Id}}' docker.io/preheat/operator:dev 2>/dev/null)" \
-    || build_app preheat/operator "$repo/operator/Dockerfile"
+  podman image exists docker.io/preheat/operator:dev || build_app preheat/operator "$repo/operator/Dockerfile"
   operator="$(podman image inspect --format '{{.Id}}' docker.io/preheat/operator:dev)"
   CONTEXT="$repo/lab/preheat_cluster" build_app preheat/lightweight-server \
     "$repo/lab/preheat_cluster/lightweight-server.Dockerfile" --build-arg "OPERATOR_IMAGE=$operator"

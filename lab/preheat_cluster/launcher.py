@@ -188,17 +188,22 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.ports['prometheus']}"
 
     @property
+    def real_nodes(self) -> bool:
+        """Whether this cluster runs real nodes: as recorded at `up`, else as configured."""
+        return self._state().get("node_kind", self.node_kind) == "real"
+
+    @property
     def prometheus_url_for_pods(self) -> str:
         """Prometheus as pods reach it: on real nodes a pod has its own loopback, so through the
         namespace's address the API server advertises; on the node agent pods share the host's."""
-        if self._state().get("node_kind", self.node_kind) == "real":
+        if self.real_nodes:
             return f"http://{API_SERVER_IP}:{self.ports['prometheus']}"
         return self.prometheus_url
 
     def pod_log_path(self, namespace: str, pod: str, container: str | None = None) -> Path:
         """The log file of a pod's container (the first container's when `container` is None); on real
         nodes the kubelet's newest log of it."""
-        if self._state().get("node_kind", self.node_kind) == "real":
+        if self.real_nodes:
             files = pod_log_files(self.state_dir, namespace, pod, container)
             return files[-1] if files else self.state_dir / "nodes" / "no-log-yet" / f"{namespace}_{pod}.log"
         d = self.pods_dir / namespace / pod / "logs"
@@ -225,7 +230,7 @@ class LocalCluster:
 
     def components(self) -> tuple[str, ...]:
         """The processes this cluster runs, in start order."""
-        if self._state().get("node_kind", self.node_kind) == "agent":
+        if not self.real_nodes:
             return COMPONENTS
         return (*COMPONENTS[:4], *self._fleet().names(), "prometheus")
 
@@ -522,8 +527,7 @@ class LocalCluster:
             prom, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
             # Real nodes' pods (an operator pod) reach it from their own network namespaces; every
             # address here is inside the cluster's namespace (scripts/netns.sh), never the machine's.
-            f"--web.listen-address={'0.0.0.0' if self._state().get('node_kind', self.node_kind) == 'real' else '127.0.0.1'}"
-            f":{self.ports['prometheus']}", "--web.enable-lifecycle",
+            f"--web.listen-address={'0.0.0.0' if self.real_nodes else '127.0.0.1'}:{self.ports['prometheus']}", "--web.enable-lifecycle",
             "--storage.tsdb.retention.time=2d", "--log.level=warn",
         ])
         if wait:

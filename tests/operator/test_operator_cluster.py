@@ -123,8 +123,10 @@ def test_missing_model_path_is_not_ready_while_other_endpoint_serves(operator_fa
                                 else None)(cv.condition("missing-model-path", "Ready")),
                        180, "missing-model-path Ready=False/ModelServerFailing", op)
     assert "exit code" in failing["message"]
-    warnings = [e for e in cv.events("missing-model-path") if e["reason"] == "ModelServerFailing"]
-    assert warnings and warnings[0]["type"] == "Warning"
+    # Kopf posts Events from a queue after the handler returns: the Event may trail the condition.
+    warnings = wait_for(lambda: [e for e in cv.events("missing-model-path") if e["reason"] == "ModelServerFailing"],
+                        30, "a ModelServerFailing Event", op)
+    assert warnings[0]["type"] == "Warning"
     # Meanwhile the healthy endpoint reached Ready with its serving replica.
     wait_for(lambda: cv.condition("healthy", "Ready").get("status") == "True", 120, "healthy Ready=True", op)
     assert cv.status("missing-model-path").get("failingReplicas", 0) >= 1

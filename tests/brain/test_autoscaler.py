@@ -107,11 +107,17 @@ def test_capacity_arrives_before_the_daily_ramp_by_the_cold_start(runs) -> None:
 
 
 def test_no_runaway_while_pods_are_starting(runs) -> None:
-    """Starting pods are not counted twice: the Deployment never exceeds what the traffic needs."""
+    """Starting pods are not counted twice: the Deployment never exceeds what the traffic needs (without
+    the trend hedge), nor what the decisions' own terms asked for (with it: the signal's short trend
+    projected over the 465 s lead time asks above the day's peak on this noisy ramp, 29 replicas where
+    the peak needs 23, and gives them back as soon as the line flattens)."""
     run = runs["preheat"]
     peak_need = max(replicas_needed(y, CONFIG) for _, y, _, _ in run)
-    assert max(d.total for _, _, d, _ in run) <= peak_need + CONFIG.warm_pool_max + 2
+    asked = max(max(d.reactive_need, d.forecast_need, d.panic_need) for _, _, d, _ in run)
+    assert max(d.total for _, _, d, _ in run) <= asked + CONFIG.warm_pool_max + 2
     assert all(d.total <= CONFIG.max_replicas for _, _, d, _ in run)
+    no_hedge = replay(Autoscaler(CONFIG.with_(trend_window_s=0.0)), days=2.5)
+    assert max(d.total for _, _, d, _ in no_hedge) <= peak_need + CONFIG.warm_pool_max + 2
 
 
 def test_state_survives_a_restart() -> None:
@@ -159,7 +165,10 @@ def test_step_decides_exactly_like_the_pure_decide() -> None:
 
     def recording(o: Observation) -> Decision:
         d = step(o)
-        seen.append((o, d))
+        # the raw forecasts and readiness the step decided with (the decision's forecast_value has the
+        # short trend's floor in it)
+        raw = scaler.forecast_over(float(o.time_s), d.lead_time_s)
+        seen.append((o, d, raw, scaler.forecaster.ready))
         return d
 
     scaler.decide = recording  # type: ignore[method-assign]
@@ -169,8 +178,8 @@ def test_step_decides_exactly_like_the_pure_decide() -> None:
         recording(Observation(time_s=DAY_S + i * STEP_S, value=30.0, current_serving=3,
                               cold_start_samples_s=samples))  # type: ignore[arg-type]
     state = PolicyState()
-    for o, d in seen:
-        again, state = decide(CONFIG, state, o, d.forecast_value, d.forecast_upper)
+    for o, d, (fv, fu), ready in seen:
+        again, state = decide(CONFIG, state, o, fv, fu, ready)
         assert again == d
 
 
@@ -241,14 +250,14 @@ def test_a_forecaster_without_its_season_is_floored_by_the_signals_short_trend_o
     """A level forecast follows a ramp a signal lag late. Until the forecaster is ready, a least-squares
     line through the last trend_window_s of the signal, projected by the signal's lag (half the 60 s
     window + a 15 s scrape) and one interval, floors the point forecast: at t = 300 s the signal is 400 and
-    rises 1/s, so the floor is 460 (46 replicas of 10) where the level asks for 40. A ready forecaster,
-    and the floor turned off, decide as before; the trend's samples survive a restart through JSON."""
+    rises 1/s, so the floor is 460 (46 replicas of 10) where the level asks for 40. With the floor turned
+    off the level decides; the trend's samples survive a restart through JSON."""
     config = PolicyConfig(min_replicas=1, max_replicas=100, target_per_replica=10.0, target_utilization=1.0)
     assert config.signal_lag_s + config.decision_interval_s == 60.0
     floored = _ramp(Autoscaler(config, _LevelForecaster(ready=False)))
     assert floored.forecast_value == pytest.approx(460.0) and floored.serving == 46
-    assert _ramp(Autoscaler(config, _LevelForecaster(ready=True))).serving == 40
     off = config.with_(trend_window_s=0.0)
+    assert _ramp(Autoscaler(off, _LevelForecaster(ready=True))).serving == 40
     assert _ramp(Autoscaler(off, _LevelForecaster(ready=False))).serving == 40
 
     # The samples the line needs are policy state: a restart from JSON half-way decides the same.
@@ -267,3 +276,35 @@ def test_a_forecaster_without_its_season_is_floored_by_the_signals_short_trend_o
     for i in range(21):
         d = down.step(Observation(time_s=15.0 * i, value=400.0 - 15.0 * i, current_serving=40, serving_ready=40))
     assert d.forecast_value == pytest.approx(100.0)
+
+
+def test_a_ready_forecaster_is_hedged_by_the_short_trend_over_the_lead_time_and_the_hedge_is_not_held() -> None:
+    """With its season the forecaster does not see a surge that is not in it. The same least-squares line,
+    projected over the lead time (when a replica ordered now serves: 60 s default cold start + 15 s
+    interval + 45 s signal lag = 120 s), floors the point forecast: at t = 300 s the signal is 400 and
+    rises 1/s, so 520 (52 replicas) where the level asks for 40. When the ramp stops, what only the
+    trend asked for is not held by the scale-down window (300 s): once the line is flat the fleet is back
+    at 40, where the floor without a season (the forecast's stand-in) is held like a forecast. Where a
+    warm replica pays, the hedge is warm margin instead: serving follows the level."""
+    config = PolicyConfig(min_replicas=1, max_replicas=100, target_per_replica=10.0, target_utilization=1.0)
+    assert config.signal_lag_s + config.decision_interval_s + config.default_cold_start_s == 120.0
+
+    def ramp_then_flat(scaler: Autoscaler) -> tuple[Decision, Decision]:
+        peak = _ramp(scaler)
+        d = peak
+        for i in range(21, 42):  # flat at 400 from 315 s to 615 s
+            d = scaler.step(Observation(time_s=15.0 * i, value=400.0, current_serving=d.serving,
+                                        serving_ready=d.serving))
+        return peak, d
+
+    peak, after = ramp_then_flat(Autoscaler(config, _LevelForecaster(ready=True)))
+    assert peak.forecast_value == pytest.approx(520.0) and peak.serving == 52
+    assert after.serving == 40  # the line is flat: nothing of the hedge is held
+    _, unready = ramp_then_flat(Autoscaler(config, _LevelForecaster(ready=False)))
+    assert unready.serving > 40  # without a season the floor is the forecast, held for the window
+
+    warm = config.with_(warm_pool_max=50, warm_cost_fraction=0.414, default_cold_start_s=300.0)
+    assert warm.warm_pays(360.0)
+    d = _ramp(Autoscaler(warm, _LevelForecaster(ready=True)))
+    # serving follows the level (40); the line projected 360 s ahead, 760, is the pool's margin (76 - 40)
+    assert d.serving == 40 and d.forecast_upper == pytest.approx(760.0) and d.warm == 36

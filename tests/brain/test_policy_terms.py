@@ -471,9 +471,11 @@ def test_a_warm_replica_is_worth_the_cold_starts_share_of_the_lead_time() -> Non
 def test_a_cheaper_warm_replica_that_does_not_pay_leaves_the_policy_as_at_full_price(cold_s: float, pays: bool) -> None:
     """At 0.414 of a serving replica's price a warm one pays with a 300 s cold start (worth 0.75) but not
     with a 30 s one (worth 0): there the forecast's margin and freed replicas are not kept warm, and the
-    decisions are exactly those at a warm cost of 1 (a cheaper warm replica never makes the policy worse)."""
+    decisions are exactly those at a warm cost of 1 (a cheaper warm replica never makes the policy worse).
+    Without the short trend: where a warm replica pays its hedge is warm margin rather than serving
+    (tests/brain/test_autoscaler.py::test_a_ready_forecaster_is_hedged_by_the_short_trend_...)."""
     cfg = BASE.with_(warm_pool_max=5, warm_cost_fraction=0.414, default_cold_start_s=cold_s,
-                     scale_down_stabilization_s=300.0, max_scale_down_rate=10.0)
+                     scale_down_stabilization_s=300.0, max_scale_down_rate=10.0, trend_window_s=0.0)
     values = [40.0, 40.0, 100.0, 100.0, 60.0, 40.0, 40.0, 40.0]
     uppers = [60.0, 60.0, 140.0, 140.0, 90.0, 60.0, 60.0, 60.0]
 

@@ -92,9 +92,11 @@ class PolicyConfig:
     warm_cost_fraction: float = 1.0
     # Prometheus' scrape interval: with half the stable window, the signal's own lag (in the lead time).
     scrape_interval_s: float = 15.0
-    # While the forecaster has no season yet (it forecasts the level), a least-squares line through the
-    # signal over this many seconds, projected by the signal's lag + one interval, floors the point
-    # forecast (AIBrix's short trend; decide._trend_floor). 0: off.
+    # A least-squares line through the signal over this many seconds floors the point forecast (AIBrix's
+    # short trend; decide._trend_floor): while the forecaster has no season yet (it forecasts the level)
+    # projected by the signal's lag + one interval; with its season projected over the lead time, as a
+    # hedge against a surge the season does not hold that the scale-down window does not hold (warm
+    # margin instead where a warm replica pays; decide._forecast_with_trend). 0: off.
     trend_window_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -327,8 +329,7 @@ class PolicyState:
     last_data_s: float | None = None
     # (time, short-window need) of recent bursts, a monotone max-queue over burst_memory_s.
     burst_needs: TimeWindow = field(default_factory=TimeWindow)
-    # (time, signal) of the fresh observations within trend_window_s, kept only while the short trend
-    # floors the forecast (a forecaster without its season).
+    # (time, signal) of the fresh observations within trend_window_s (the short trend's samples).
     recent_signal: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from . import procs
+
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_DNS_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
@@ -100,6 +102,29 @@ def plan_nodes(state_dir: Path, count: int, cluster_tag: str) -> list[NodePlan]:
             for i in range(1, count + 1)]
 
 
+# sun_path is 108 bytes with its NUL: a longer socket path fails to bind, and the process that wanted it
+# exits or never serves (containerd; kubelet's pod-resources and device-plugin sockets).
+MAX_SOCKET_PATH = 107
+
+
+def check_socket_paths(nodes: list[NodePlan]) -> None:
+    """Refuse, before anything starts, a state dir too deep for the unix sockets the nodes listen on."""
+    paths = [f"{n.socket}.ttrpc" for n in nodes]
+    paths += [str(n.dir / "kubelet" / sub) for n in nodes
+              for sub in ("pod-resources/kubelet.sock", "device-plugins/kubelet.sock")]
+    longest = max(paths, key=len)
+    if len(longest) > MAX_SOCKET_PATH:
+        raise NodeError(f"{longest} is {len(longest)} bytes; a unix socket's path holds at most "
+                        f"{MAX_SOCKET_PATH}: give the cluster a shorter state dir")
+
+
+UNUSED_CONTAINERD_PLUGINS = [
+    "io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
+    "io.containerd.mount-handler.v1.erofs", "io.containerd.snapshotter.v1.blockfile",
+    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
+
+
 def _toml_str(s: str | Path) -> str:
     return json.dumps(str(s))
 
@@ -112,12 +137,17 @@ def containerd_config(node: NodePlan, *, sandbox_image: str, runc: str, cni_bin_
         "version = 3",
         f"root = {_toml_str(d / 'root')}",
         f"state = {_toml_str(d / 'state')}",
+        # Plugins nothing here uses that reach outside the node's own dirs at start: NRI listens on one
+        # host-wide socket (/var/run/nri/nri.sock) two nodes would fight over; erofs and blockfile probe
+        # the kernel and host tools. Fewer host dependencies, fewer ways for a node not to come up.
+        f"disabled_plugins = {json.dumps(UNUSED_CONTAINERD_PLUGINS)}",
         "[grpc]",
         f"  address = {_toml_str(node.socket)}",
         "[ttrpc]",
         f"  address = {_toml_str(str(node.socket) + '.ttrpc')}",
         "[debug]",
-        '  level = "warn"',
+        # info names each plugin as it loads: when a node's socket never appears, its log says where it stopped.
+        '  level = "info"',
         '[plugins."io.containerd.cri.v1.images"]',
         '  snapshotter = "overlayfs"',
         # Images are imported, never pulled: nothing may garbage-collect them away.
@@ -441,6 +471,12 @@ class NodeFleet:
     issue_cert: Callable[..., tuple[Path, Path]]
     images: tuple[str, ...] = PRELOADED_IMAGES
     down_timings_s: dict[str, float] = field(default_factory=dict)
+    _started: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where the launcher's process starter writes each process's log (`<name>.log`)."""
+        return self.state_dir / "logs"
 
     @property
     def saved_sysctls(self) -> Path:
@@ -455,6 +491,7 @@ class NodeFleet:
         """Every node Ready-able (the launcher waits for Ready); returns seconds per phase."""
         t: dict[str, float] = {}
         t0 = time.monotonic()
+        check_socket_paths(self.nodes)
         missing = node_binaries_missing(self.bin_dir)
         if missing:
             raise NodeError(f"real nodes need {missing}: run `bash cluster/build-node.sh all`")
@@ -480,9 +517,10 @@ class NodeFleet:
             (n.dir / "resolv.conf").write_text("")  # pods' upstream: none (no way out)
             cfg = n.dir / "containerd.toml"
             cfg.write_text(containerd_config(n, sandbox_image=self.sandbox_image, runc=runc, cni_bin_dirs=cni_bins))
-            self.start(f"containerd-{n.index}", [str(self.bin_dir / "containerd"), f"--config={cfg}"])
+            self._started[f"containerd-{n.index}"] = self.start(
+                f"containerd-{n.index}", [str(self.bin_dir / "containerd"), f"--config={cfg}"])
         for n in self.nodes:
-            wait_for(f"{n.name}'s containerd socket", n.socket.exists, 30)
+            self._wait_started(f"containerd-{n.index}", f"{n.name}'s containerd socket", n.socket.exists, 120)
         t["containerd_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         missing = set(self.images) - {t.stem for t in archives}
@@ -514,6 +552,24 @@ class NodeFleet:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(dns_service_manifests()))
         t["node_processes_s"] = time.monotonic() - t0
         return t
+
+    def _wait_started(self, name: str, what: str, check: Callable[[], bool], timeout: float) -> None:
+        """Wait for `check`; fail at once if process `name` exits, and either way with the tail of its log
+        (in CI the log is all there is to go on)."""
+        pid = self._started.get(name)
+        deadline = time.monotonic() + timeout
+        while not check():
+            exited = pid is not None and not procs.alive(pid)
+            if exited or time.monotonic() > deadline:
+                why = "exited" if exited else f"timed out after {timeout:.0f}s"
+                raise NodeError(f"{why} waiting for {what}; the end of {name}'s log:\n{self.log_tail(name)}")
+            time.sleep(0.2)
+
+    def log_tail(self, name: str, lines: int = 25) -> str:
+        try:
+            return "\n".join((self.logs_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
 
     def load_image(self, archive: Path) -> None:
         """Import an image archive into every node's containerd (what `kind load` does)."""

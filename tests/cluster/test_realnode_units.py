@@ -15,7 +15,9 @@ from preheat_cluster.realnode import (
     CLUSTER_DNS_IP,
     SERVICE_CIDR,
     NodeError,
+    NodeFleet,
     _cgroup_mounts,
+    check_socket_paths,
     cni_conflist,
     containerd_config,
     dns_service_manifests,
@@ -54,6 +56,29 @@ def test_containerd_config_is_toml_with_the_nodes_own_paths(tmp_path: Path) -> N
         assert rt["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
         assert d["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == "localhost/preheat/pause:v1"
     assert docs[0]["grpc"]["address"] != docs[1]["grpc"]["address"]
+    # NRI's socket is one per host: two nodes would fight over it.
+    assert all("io.containerd.nri.v1.nri" in d["disabled_plugins"] for d in docs)
+
+
+def test_a_state_dir_too_deep_for_unix_sockets_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    check_socket_paths(plan_nodes(Path("/tmp/pytest-of-root/pytest-9/real-nodes0"), 2, "t"))
+    deep = Path("/tmp") / ("d" * 60)
+    with pytest.raises(NodeError, match=r"unix socket's path holds at most 107"):
+        check_socket_paths(plan_nodes(deep, 2, "t"))
+
+
+def test_a_node_process_that_exits_fails_the_wait_at_once_with_its_log(tmp_path: Path) -> None:
+    from preheat_cluster import procs
+
+    def start(name: str, argv: list[str]) -> int:
+        return procs.start(argv, log=tmp_path / "logs" / f"{name}.log", env=os.environ).pid
+
+    fleet = NodeFleet(state_dir=tmp_path, bin_dir=tmp_path, cache=tmp_path, nodes=plan_nodes(tmp_path, 1, "t"),
+                      sandbox_image="pause", start=start, kubectl=lambda *a, **k: "",
+                      write_kubeconfig=lambda *a: None, issue_cert=lambda *a, **k: (tmp_path, tmp_path))
+    fleet._started["containerd-1"] = start("containerd-1", ["sh", "-c", "echo 'bind: invalid argument' >&2; exit 1"])
+    with pytest.raises(NodeError, match=r"(?s)exited waiting for the socket.*bind: invalid argument"):
+        fleet._wait_started("containerd-1", "the socket", lambda: False, timeout=60)
 
 
 def test_cni_and_kubelet_configs_follow_the_plan(tmp_path: Path) -> None:

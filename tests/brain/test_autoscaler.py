@@ -308,3 +308,16 @@ def test_a_ready_forecaster_is_hedged_by_the_short_trend_over_the_lead_time_and_
     d = _ramp(Autoscaler(warm, _LevelForecaster(ready=True)))
     # serving follows the level (40); the line projected 360 s ahead, 760, is the pool's margin (76 - 40)
     assert d.serving == 40 and d.forecast_upper == pytest.approx(760.0) and d.warm == 36
+    # A forecaster with no upper quantile: the line against the point forecast is the margin, the same pool.
+    assert _ramp(Autoscaler(warm, _NoUpperForecaster(ready=True))) == d
+    falling = Autoscaler(warm, _NoUpperForecaster(ready=True))
+    for i in range(21):
+        d = falling.step(Observation(time_s=15.0 * i, value=400.0 - 15.0 * i, current_serving=40, serving_ready=40))
+    assert d.forecast_upper == pytest.approx(100.0)  # a falling line never lowers it below the point forecast
+
+
+class _NoUpperForecaster(_LevelForecaster):
+    """A level forecaster that has no upper quantile."""
+
+    def forecast_upper(self, t_s: float, horizon_s: float, quantile: float = 0.9) -> float | None:
+        return None

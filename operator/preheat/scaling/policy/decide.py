@@ -268,8 +268,9 @@ def _forecast_with_trend(config: PolicyConfig, forecast_value: float | None, for
     if trend is None or not ready:
         return _forecast_terms(config, forecast_value, forecast_upper, trend), None
     if config.warm_pays(lead):
-        fu = forecast_upper if is_valid_signal(forecast_upper) else forecast_value
-        upper = max(trend, float(fu)) if fu is not None and is_valid_signal(fu) else trend
+        # _forecast_terms floors the upper forecast by the point forecast, so an invalid upper one is the
+        # trend against the point forecast, as it should be.
+        upper = max(trend, float(forecast_upper)) if is_valid_signal(forecast_upper) else trend  # type: ignore[arg-type]
         return _forecast_terms(config, forecast_value, upper), None
     fc = _forecast_terms(config, forecast_value, forecast_upper, trend)
     alone = _forecast_terms(config, forecast_value, forecast_upper).term

@@ -109,12 +109,31 @@ def _download(url: str, dest: Path, timeout_s: float) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def _check_members(tar: tarfile.TarFile, into: Path) -> None:
+    """Where tarfile has no extraction filters (Python before 3.11.4: Debian bookworm's 3.11.2, the
+    images' base), refuse what the "data" filter would, and more: only plain files and folders, each
+    inside `into` (no absolute path, no '..', no link, no device)."""
+    root = into.resolve()
+    for m in tar.getmembers():
+        dest = (root / m.name).resolve()
+        if not (m.isfile() or m.isdir()) or m.name.startswith("/") or not dest.is_relative_to(root):
+            raise _UnsafeMember(f"{m.name!r} is {'outside the destination' if m.isfile() or m.isdir() else 'not a plain file or folder'}")
+
+
+class _UnsafeMember(Exception):
+    pass
+
+
 def _unpack(archive: Path, into: Path, url: str) -> None:
     try:
         with tarfile.open(archive, "r:*") as tar:
-            # The "data" filter refuses absolute paths, '..', links out of the tree and device files.
-            tar.extractall(into, filter="data")
-    except tarfile.FilterError as exc:
+            if hasattr(tarfile, "data_filter"):
+                # The "data" filter refuses absolute paths, '..', links out of the tree and device files.
+                tar.extractall(into, filter="data")
+            else:
+                _check_members(tar, into)
+                tar.extractall(into)  # every member checked just above
+    except (_UnsafeMember, getattr(tarfile, "FilterError", _UnsafeMember)) as exc:
         raise FetchError(f"{url}: unsafe archive member: {exc}") from None
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise FetchError(f"{url}: not a readable tar or tar.gz archive ({str(exc).splitlines()[0]})") from None

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
-.PHONY: setup binaries peers peers-hpa node-binaries images cluster-up-real shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
+.PHONY: setup binaries peers peers-hpa node-binaries images shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
         bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
@@ -37,9 +37,6 @@ images:
 	bash cluster/images.sh all
 
 # The local cluster on two real nodes (kubelet + containerd) in its own network namespace.
-cluster-up-real: setup node-binaries images
-	PREHEAT_NODE_KIND=real bash scripts/netns.sh preheat-dev $(PY) -m preheat_cluster up --nodes 2
-
 lint: setup
 	$(VENV)/bin/ruff check .
 
@@ -56,12 +53,12 @@ test-lmeval: setup
 	$(PY) -m pip install -q -e ".[lmeval]"
 	$(PY) -m pytest tests/server/test_lm_eval.py
 
-test-cluster: setup binaries
+test-cluster: setup binaries node-binaries images
 	bash scripts/netns.sh --rm preheat-test-cluster $(PY) -m pytest -m cluster tests
 
 # The local cluster lives in the network namespace `preheat-dev` (scripts/netns.sh says why);
 # `make shell` opens a shell there with KUBECONFIG set, for kubectl and friends.
-cluster-up: setup binaries
+cluster-up: setup binaries node-binaries images
 	bash scripts/netns.sh preheat-dev $(PY) -m preheat_cluster up
 
 cluster-down:
@@ -72,7 +69,7 @@ shell:
 	KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$(PREHEAT_CACHE)/bin:$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/netns.sh preheat-dev bash
 
 # The demo's hpa mode runs the real HPA on prometheus-adapter (only that peer: seconds when cached).
-demo: setup binaries peers-hpa
+demo: setup binaries node-binaries images peers-hpa
 	bash scripts/netns.sh --rm preheat-demo bash scripts/demo.sh
 
 # The model server's benchmark: the engine in-process (bench-engine) and the HTTP server (bench-http).
@@ -111,7 +108,7 @@ crd: setup
 	cp crds/inferenceendpoint.yaml manifests/chart/preheat/crds/inferenceendpoint.yaml
 	$(PY) scripts/crd_reference.py --write README.md
 
-bench-cluster: setup binaries
+bench-cluster: setup binaries node-binaries images
 	bash scripts/netns.sh --rm preheat-bench $(PY) -m preheat_lab.bench_cluster --out bench-results/cluster.json
 
 clean: cluster-down

@@ -7,7 +7,7 @@
 # store on a tc-shaped link (preheat_lab.closedloop.modelstore: 2.7 MB at 0.98 Mbit/s, 22 s alone, the
 # download time of a 16 GB model at 5.8 Gbit/s), so cold starts are tens of seconds for the reason they
 # are in production. Takes the cluster down at the end, also on failure or Ctrl-C.
-# `make setup binaries peers-hpa` ran before (the last builds prometheus-adapter).
+# `make setup binaries node-binaries images peers-hpa` ran before (the last builds prometheus-adapter).
 #
 # Environment knobs: DEMO_MODES (default "preheat,reactive,hpa"; any subset), DEMO_TRACE, DEMO_OUT (default out/demo, git-ignored),
 # DEMO_STATE_DIR (the cluster's state dir, default .cluster), DEMO_KEEP_CLUSTER=1 to leave the cluster
@@ -47,7 +47,7 @@ trap cleanup EXIT INT TERM
 if "$PY" -c "import sys; from preheat_cluster import LocalCluster; sys.exit(0 if LocalCluster(state_dir='$STATE').is_up() else 1)"; then
   echo "demo: using the local cluster that is already up in $STATE (it stays up)"
 else
-  echo "demo: bringing up the local cluster (API server, controllers, node agent, Prometheus)"
+  echo "demo: bringing up the local cluster (API server, controllers, two real nodes, Prometheus)"
   started_cluster=1
   "$PY" -m preheat_cluster --state-dir "$STATE" up
 fi

@@ -33,6 +33,11 @@ class ClusterHandle:
     bin_dir: Path
     cluster: object | None = None
 
+    @property
+    def prometheus_url_for_pods(self) -> str:
+        """Prometheus as a pod reaches it (on the local cluster a pod's loopback is its own)."""
+        return self.cluster.prometheus_url_for_pods if self.cluster is not None else self.prometheus_url
+
     def pod_log_path(self, namespace: str, pod: str, container: str | None = None) -> Path:
         if self.cluster is None:
             raise RuntimeError("pod log files exist only on the local cluster (use kubectl logs elsewhere)")
@@ -58,7 +63,7 @@ def local_cluster() -> Iterator[ClusterHandle]:
 
     # PREHEAT_CLUSTER_DIR gives a session its own cluster (another state dir, other ports).
     state_dir = os.environ.get("PREHEAT_CLUSTER_DIR")
-    cluster = LocalCluster(state_dir=Path(state_dir)) if state_dir else LocalCluster()
+    cluster = LocalCluster(state_dir=Path(state_dir)) if state_dir else LocalCluster(state_dir=_default_state_dir())
     missing = missing_binaries(cluster.bin_dir)
     if missing:
         pytest.fail(
@@ -98,6 +103,19 @@ def local_cluster() -> Iterator[ClusterHandle]:
                     cluster.down()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _default_state_dir() -> Path:
+    """`.cluster/` in the checkout, unless the checkout is too deep for the nodes' unix sockets (108 bytes):
+    then a short dir of its own under /tmp, the same for every session of this checkout."""
+    from preheat_cluster.launcher import DEFAULT_STATE_DIR
+    from preheat_cluster.realnode import NodeError, check_socket_paths, plan_nodes
+
+    try:
+        check_socket_paths(plan_nodes(DEFAULT_STATE_DIR, 2, "check"))
+        return DEFAULT_STATE_DIR
+    except NodeError:
+        return Path("/tmp") / f"preheat-cluster-{hashlib.sha1(str(DEFAULT_STATE_DIR).encode()).hexdigest()[:10]}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -142,7 +160,7 @@ def namespace(kube_api) -> Iterator[str]:
             time.sleep(0.2)
     yield name
     try:
-        # Background deletion: the namespace controller and node agent clean up; the test need not wait.
+        # Background deletion: the namespace controller and the kubelets clean up; the test need not wait.
         core.delete_namespace(name, propagation_policy="Background")
     except ApiException as e:
         if e.status != 404:

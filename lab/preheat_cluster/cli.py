@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .launcher import DEFAULT_STATE_DIR, NODE_KINDS, ClusterError, LocalCluster, default_bin_dir
+from .launcher import DEFAULT_STATE_DIR, ClusterError, LocalCluster, default_bin_dir
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,10 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bin-dir", type=Path, default=None, help="default: $PREHEAT_CACHE/bin")
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start the cluster and wait until it is ready")
-    up.add_argument("--nodes", type=int, default=1)
-    up.add_argument("--gpus-per-node", type=int, default=0, help="fake nvidia.com/gpu count per node")
-    up.add_argument("--node-kind", choices=NODE_KINDS, default=None,
-                    help="agent: pods as host processes; real: kubelet + containerd (default $PREHEAT_NODE_KIND or agent)")
+    up.add_argument("--nodes", type=int, default=2, help="real nodes (kubelet + containerd each)")
     up.add_argument("--scrape-interval", default=None, help="Prometheus scrape interval (default $PREHEAT_SCRAPE_INTERVAL or 5s)")
     sub.add_parser("down", help="stop every process the cluster started and remove its state")
     sub.add_parser("status", help="each component's state, as JSON")
@@ -32,9 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.bin_dir:
         kw["bin_dir"] = args.bin_dir
     if args.cmd == "up":
-        kw.update(nodes=args.nodes, gpus_per_node=args.gpus_per_node, scrape_interval=args.scrape_interval)
-        if args.node_kind:
-            kw["node_kind"] = args.node_kind
+        kw.update(nodes=args.nodes, scrape_interval=args.scrape_interval)
     cluster = LocalCluster(**kw)
     try:
         if args.cmd == "up":

@@ -1,8 +1,9 @@
-"""`LocalCluster`: brings up etcd, kube-apiserver, controller-manager, scheduler, the node agent and
-Prometheus as local processes on loopback, and takes them down again.
+"""`LocalCluster`: brings up etcd, kube-apiserver, controller-manager, scheduler, Prometheus and real
+nodes (kubelet + containerd each, kube-proxy, CoreDNS: realnode.py) as local processes inside Preheat's
+network namespace, and takes them down again.
 
-All state (PKI, etcd data, kubeconfigs, logs, pods' directories) lives in one state dir, `.cluster/`
-at the repository root by default. Ports are chosen at random and recorded in `state.json`, so a second
+All state (PKI, etcd data, kubeconfigs, logs, the nodes' containerd and kubelet dirs) lives in one state
+dir, `.cluster/` at the repository root by default. Ports are chosen at random and recorded in `state.json`, so a second
 cluster with another state dir never collides with the first."""
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ import yaml
 
 from . import procs
 from .pki import Pki, ensure_front_proxy, ensure_pki, issue_cert
-from .podnet import choose_pod_cidr, release_block
 from .prometheus import remove_file_sd_target, render_config, write_config, write_file_sd_target
 from .realnode import (
     API_SERVER_IP,
+    POD_CIDR,
     SERVICE_CIDR,
     NodeError,
     NodeFleet,
+    add_loopback_address,
+    del_loopback_address,
     node_binaries_missing,
     plan_nodes,
     pod_log_files,
@@ -43,14 +46,10 @@ from .realnode import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".cluster"
-DEFAULT_IMAGE_MAP = REPO_ROOT / "cluster" / "image-map.yaml"
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent", "prometheus")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # The autoscalers Preheat is compared with, when `preheat_cluster.peers` started them (host processes
 # like the control plane, so `down` stops them first).
 PEERS = ("prometheus-adapter", "aibrix-controllers", "keda-operator", "keda-adapter")
-# What runs pods: "agent" (node_agent.py, pods as host processes) or "real" (kubelet + containerd,
-# realnode.py). $PREHEAT_NODE_KIND sets the default.
-NODE_KINDS = ("agent", "real")
 VERSIONS_FILE = REPO_ROOT / "cluster" / "versions.env"
 
 
@@ -114,21 +113,15 @@ class LocalCluster:
 
     state_dir: Path = DEFAULT_STATE_DIR
     bin_dir: Path = field(default_factory=default_bin_dir)
-    nodes: int = 1
-    gpus_per_node: int = 0
-    image_map: Path = DEFAULT_IMAGE_MAP
+    nodes: int = 2
     scrape_interval: str | None = None
     ready_timeout_s: float = 180.0
-    node_kind: str = field(default_factory=lambda: os.environ.get("PREHEAT_NODE_KIND", "agent"))
     # Real nodes: the image archives every node imports at start (realnode.preloaded_images).
     node_images: tuple[str, ...] = field(default_factory=lambda: preloaded_images(os.environ.get("PREHEAT_NODE_IMAGES")))
 
     def __post_init__(self) -> None:
-        if self.node_kind not in NODE_KINDS:
-            raise ClusterError(f"node kind must be one of {NODE_KINDS}, got {self.node_kind!r}")
         self.state_dir = Path(self.state_dir).resolve()
         self.bin_dir = Path(self.bin_dir)
-        self.image_map = Path(self.image_map)
 
     # ----- paths and recorded state -----------------------------------------------------------------
     @property
@@ -142,10 +135,6 @@ class LocalCluster:
     @property
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
-
-    @property
-    def pods_dir(self) -> Path:
-        return self.state_dir / "pods"
 
     @property
     def file_sd_dir(self) -> Path:
@@ -176,8 +165,8 @@ class LocalCluster:
 
     @property
     def pod_cidr(self) -> str:
-        """The block pods' addresses come from (198.18.x.0/20, or 127.n.0.0/16 without AnyIP)."""
-        return self._state()["pod_cidr"]
+        """The block pods' addresses come from (each node has a /24 of it)."""
+        return POD_CIDR
 
     @property
     def api_server_url(self) -> str:
@@ -188,29 +177,26 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.ports['prometheus']}"
 
     @property
-    def real_nodes(self) -> bool:
-        """Whether this cluster runs real nodes: as recorded at `up`, else as configured."""
-        return self._state().get("node_kind", self.node_kind) == "real"
+    def prometheus_url_for_pods(self) -> str:
+        """Prometheus as pods reach it: a pod has its own loopback, so through the namespace's address
+        the API server advertises."""
+        return f"http://{API_SERVER_IP}:{self.ports['prometheus']}"
 
     @property
-    def prometheus_url_for_pods(self) -> str:
-        """Prometheus as pods reach it: on real nodes a pod has its own loopback, so through the
-        namespace's address the API server advertises; on the node agent pods share the host's."""
-        if self.real_nodes:
-            return f"http://{API_SERVER_IP}:{self.ports['prometheus']}"
-        return self.prometheus_url
+    def host_address_for_pods(self) -> str:
+        """The address of this (test) host that pods reach: the namespace's address the API server
+        advertises, bound on its loopback."""
+        return API_SERVER_IP
+
+    @property
+    def pod_bridges(self) -> tuple[str, ...]:
+        """The devices traffic from this host to pods leaves by: each node's bridge (made at `up`)."""
+        return tuple(n.bridge for n in self._fleet().nodes)
 
     def pod_log_path(self, namespace: str, pod: str, container: str | None = None) -> Path:
-        """The log file of a pod's container (the first container's when `container` is None); on real
-        nodes the kubelet's newest log of it."""
-        if self.real_nodes:
-            files = pod_log_files(self.state_dir, namespace, pod, container)
-            return files[-1] if files else self.state_dir / "nodes" / "no-log-yet" / f"{namespace}_{pod}.log"
-        d = self.pods_dir / namespace / pod / "logs"
-        if container:
-            return d / f"{container}.log"
-        logs = sorted(d.glob("*.log"), key=lambda p: p.stat().st_mtime) if d.exists() else []
-        return logs[0] if logs else d / "main.log"
+        """The kubelet's newest log file of a pod's container (the first container's when `container` is None)."""
+        files = pod_log_files(self.state_dir, namespace, pod, container)
+        return files[-1] if files else self.state_dir / "nodes" / "no-log-yet" / f"{namespace}_{pod}.log"
 
     # ----- health -------------------------------------------------------------------------------------
     def _ssl_context(self) -> ssl.SSLContext:
@@ -230,9 +216,7 @@ class LocalCluster:
 
     def components(self) -> tuple[str, ...]:
         """The processes this cluster runs, in start order."""
-        if not self.real_nodes:
-            return COMPONENTS
-        return (*COMPONENTS[:4], *self._fleet().names(), "prometheus")
+        return (*CONTROL_PLANE, *self._fleet().names(), "prometheus")
 
     def _fleet(self) -> NodeFleet:
         cache = self.bin_dir.parent
@@ -246,10 +230,8 @@ class LocalCluster:
             issue_cert=lambda name, **kw: issue_cert(self.pki, name, **kw), images=self.node_images)
 
     def load_image(self, name: str) -> float:
-        """Import cluster/images.sh's archive `name` (e.g. "model-server") into every real node;
+        """Import cluster/images.sh's archive `name` (e.g. "model-server-cuda") into every node;
         returns seconds taken."""
-        if self._state().get("node_kind") != "real":
-            raise ClusterError("images are loaded into real nodes only (the node agent runs host commands)")
         archive = self.bin_dir.parent / "images" / f"{name}.tar"
         if not archive.exists():
             raise ClusterError(f"no image archive {archive}: run `make images` (cluster/images.sh {name})")
@@ -259,6 +241,13 @@ class LocalCluster:
         except NodeError as e:
             raise ClusterError(str(e)) from e
         return time.monotonic() - t0
+
+    def restart_node(self, index: int) -> None:
+        """Bring a node whose kubelet and containerd were stopped back (its state is kept)."""
+        try:
+            self._fleet().restart_node(index)
+        except NodeError as e:
+            raise ClusterError(str(e)) from e
 
     def component_pids(self) -> dict[str, int]:
         return {k: int(v) for k, v in self._state().get("pids", {}).items()}
@@ -348,22 +337,16 @@ class LocalCluster:
             raise ClusterError(
                 f"missing binaries {missing} in {self.bin_dir}: run `make binaries` (or "
                 "`bash cluster/build-binaries.sh all`) first")
-        if self.node_kind == "real" and node_binaries_missing(self.bin_dir):
+        if node_binaries_missing(self.bin_dir):
             raise ClusterError(f"real nodes need {node_binaries_missing(self.bin_dir)}: run "
                                "`bash cluster/build-node.sh all` and `make images` first")
-        if self.node_kind == "agent" and not self.image_map.exists():
-            raise ClusterError(f"image map {self.image_map} not found")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
         ports = {n: _free_port(taken) for n in
                  ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "prometheus")}
-        pod_cidr, warning = choose_pod_cidr(self.state_dir)
-        if warning:
-            print(f"WARNING: {warning}", file=sys.stderr)
-        self._save_state({"ports": ports, "pids": {}, "pod_cidr": pod_cidr, "pod_network_warning": warning,
-                          "started_at": time.time(), "node_kind": self.node_kind, "nodes": self.nodes})
+        self._save_state({"ports": ports, "pids": {}, "started_at": time.time(), "nodes": self.nodes})
         try:
-            self._up_components(ports, pod_cidr)
+            self._up_components(ports)
         except BaseException:
             self.down(quiet=True, keep_logs=True)
             raise
@@ -377,7 +360,7 @@ class LocalCluster:
                   f"prometheus={self.prometheus_url}", file=sys.stderr)
         return took
 
-    def _up_components(self, ports: dict[str, int], pod_cidr: str) -> None:
+    def _up_components(self, ports: dict[str, int]) -> None:
         pki = ensure_pki(self.state_dir / "pki")
         front_ca, proxy_crt, proxy_key = ensure_front_proxy(pki)
         b = self.bin_dir
@@ -396,20 +379,13 @@ class LocalCluster:
         # The API server retries etcd, so it starts at once; Prometheus' discovery retries too.
         self._write_prometheus_config()
         self.start_prometheus()
-        real = self.node_kind == "real"
-        if real:
-            # Pods on real nodes reach the API server through the `kubernetes` Service, so it listens
-            # on an address of the namespace's loopback device too (never outside the namespace).
-            from .realnode import add_loopback_address
-            add_loopback_address(API_SERVER_IP)
-            where = ["--bind-address=0.0.0.0", f"--advertise-address={API_SERVER_IP}",
-                     "--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP",
-                     # A lost node's pods are evicted after 10 s, not 5 min (the node-loss test).
-                     "--default-not-ready-toleration-seconds=10", "--default-unreachable-toleration-seconds=10"]
-        else:
-            # The endpoint reconciler refuses a loopback advertise address; nothing routes Service
-            # traffic here anyway (no kube-proxy), so the `kubernetes` Service needs no endpoints.
-            where = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
+        # Pods reach the API server through the `kubernetes` Service, so it listens on an address of the
+        # namespace's loopback device too (never outside the namespace).
+        add_loopback_address(API_SERVER_IP)
+        where = ["--bind-address=0.0.0.0", f"--advertise-address={API_SERVER_IP}",
+                 "--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP",
+                 # A lost node's pods are evicted after 10 s, not 5 min (the node-loss test).
+                 "--default-not-ready-toleration-seconds=10", "--default-unreachable-toleration-seconds=10"]
         self._start("kube-apiserver", [
             str(b / "kube-apiserver"), *where,
             f"--etcd-servers={etcd_url}", f"--etcd-cafile={pki.ca_crt}",
@@ -427,7 +403,7 @@ class LocalCluster:
             # The aggregation layer (kubernetes.io/docs/tasks/extend-kubernetes/configure-aggregation-layer),
             # with the flags and header names kubeadm sets: extension API servers such as
             # prometheus-adapter (custom.metrics.k8s.io, read by the HPA) sit behind it. Routing to the
-            # Service's endpoints, not its ClusterIP: nothing here implements ClusterIPs.
+            # Service's endpoints, not its ClusterIP: the peers run on this host, not in pods.
             f"--requestheader-client-ca-file={front_ca}", "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
@@ -454,7 +430,7 @@ class LocalCluster:
             # become the bottleneck being measured.
             "--kube-api-qps=200", "--kube-api-burst=400", "--concurrent-replicaset-syncs=10",
             # A real node that stops reporting is NotReady after 20 s (kubelets report every 5 s).
-            *(["--node-monitor-grace-period=20s", "--node-monitor-period=2s"] if real else []),
+            "--node-monitor-grace-period=20s", "--node-monitor-period=2s",
             "--profiling=false", "--v=1",
         ])
         sch_kc = self.state_dir / "scheduler.kubeconfig"
@@ -465,27 +441,18 @@ class LocalCluster:
             f"--tls-cert-file={pki.crt('components-serving')}", f"--tls-private-key-file={pki.key('components-serving')}",
             "--profiling=false", "--v=1",
         ])
-        if real:
-            try:
-                timings = self._fleet().up(pki.ca_crt)
-            except NodeError as e:
-                raise ClusterError(str(e)) from e
-            st = self._state()
-            st["node_timings_s"] = {k: round(v, 1) for k, v in timings.items()}
-            self._save_state(st)
-            node_procs = tuple(self._fleet().names())
-        else:
-            self._start("node-agent", [
-                sys.executable, "-m", "preheat_cluster.node_agent",
-                f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}",
-                f"--nodes={self.nodes}", f"--gpus-per-node={self.gpus_per_node}",
-                f"--image-map={self.image_map}", f"--pod-cidr={pod_cidr}",
-            ])
-            node_procs = ("node-agent",)
+        try:
+            timings = self._fleet().up(pki.ca_crt)
+        except NodeError as e:
+            raise ClusterError(str(e)) from e
+        st = self._state()
+        st["node_timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+        self._save_state(st)
+        node_procs = tuple(self._fleet().names())
         self._wait("controller-manager and scheduler /healthz", self._check_cm_scheduler, 60,
                    ("kube-controller-manager", "kube-scheduler"))
         self._wait(f"{self.nodes} Ready node(s) and the default ServiceAccount", self._check_nodes,
-                   120 if real else 60, node_procs)
+                   120, node_procs)
         self._wait("prometheus /-/ready",
                    lambda: (lambda r: (r[0] == 200, str(r)))(self._get(f"{self.prometheus_url}/-/ready", tls=False)),
                    60, ("prometheus",))
@@ -525,9 +492,9 @@ class LocalCluster:
         d = self.state_dir / "prometheus"
         self._start("prometheus", [
             prom, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-            # Real nodes' pods (an operator pod) reach it from their own network namespaces; every
-            # address here is inside the cluster's namespace (scripts/netns.sh), never the machine's.
-            f"--web.listen-address={'0.0.0.0' if self.real_nodes else '127.0.0.1'}:{self.ports['prometheus']}", "--web.enable-lifecycle",
+            # Pods (an operator pod) reach it from their own network namespaces; every address here is
+            # inside the cluster's namespace (scripts/netns.sh), never the machine's.
+            f"--web.listen-address=0.0.0.0:{self.ports['prometheus']}", "--web.enable-lifecycle",
             "--storage.tsdb.retention.time=2d", "--log.level=warn",
         ])
         if wait:
@@ -556,24 +523,22 @@ class LocalCluster:
         pids = self.component_pids()
         st = self._state()
         not_undone: list[str] = []
-        if st.get("node_kind") == "real":
-            # Real nodes first, while the API server still answers: pods go through CRI, then every
+        if st.get("nodes"):
+            # The nodes first, while the API server still answers: pods go through CRI, then every
             # host change (mounts, cgroups, bridges, iptables, sysctls) is undone.
             fleet = self._fleet()
             t_nodes = time.monotonic()
             not_undone = fleet.down(pids, procs.terminate)
             if not quiet:
                 print(f"real nodes down in {time.monotonic() - t_nodes:.1f}s {fleet.down_timings_s}", file=sys.stderr)
-            from .realnode import del_loopback_address
             del_loopback_address(API_SERVER_IP)
-        # The node agent first: on SIGTERM it stops every pod's process group at once.
         # Peers (prometheus-adapter, ...) started by `preheat_cluster.peers` are recorded like components.
         peers = [n for n in PEERS if n in pids]
-        order = [*peers, "node-agent", "prometheus", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
+        order = [*peers, "prometheus", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
         for name in order:
             if name in pids:
                 procs.terminate([pids[name]], grace_s=10)
-        # Anything else carrying our marker: pods the agent could not stop, grandchildren, strays.
+        # Anything else carrying our marker: a peer's children, strays.
         left = procs.marked_pids(self.cluster_id)
         if left:
             procs.terminate(left, grace_s=3)
@@ -585,7 +550,6 @@ class LocalCluster:
             raise ClusterError(f"processes still running after down: {left}")
         if not_undone:
             raise ClusterError(f"real nodes left behind (mounts or cgroups): {not_undone}")
-        release_block(self.state_dir, self._state().get("pod_cidr"))
         if self.state_dir.exists():
             logs = self.logs_dir
             keep = self.state_dir.parent / f"{self.state_dir.name}-last-logs" if keep_logs and logs.exists() else None

@@ -1,6 +1,7 @@
 """A tiny real HTTP server with the model server's health routes and request metrics, but no model:
 the image `preheat/lightweight-server` runs it, so an operator test can drive hundreds of endpoints
-on two cores. Binds `$POD_IP` (else 127.0.0.1), port `--port` (8000)."""
+on two cores. Binds `$POD_IP` (else every address: in a pod that is the pod's own network namespace),
+port `--port` (8000)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def make_handler(srv: Server) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="preheat-lightweight-server", description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default=os.environ.get("POD_IP") or "127.0.0.1")
+    ap.add_argument("--host", default=os.environ.get("POD_IP") or "0.0.0.0")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", default="lightweight")
     ap.add_argument("--startup-delay-s", type=float, default=0.0, help="seconds before /health/ready says ready")

@@ -12,7 +12,6 @@ which the API server's aggregator dials (`--enable-aggregator-routing=true`)."""
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 import os
 import time
@@ -94,10 +93,9 @@ def endpoint_slice(service: str, namespace: str, address: str, ports: dict[str, 
 
 
 def peer_address(cluster: LocalCluster) -> str:
-    """An address of the cluster's pod block that the node agent never hands a pod (its last octet is
-    255): where the peers listen, so an EndpointSlice can name it (loopback addresses are refused)."""
-    net = ipaddress.ip_network(cluster.pod_cidr)
-    return str(net.network_address + 255)
+    """Where the peers (host processes) listen: the address of this host that pods and the API server's
+    aggregation layer reach, so an EndpointSlice can name it (loopback addresses are refused)."""
+    return cluster.host_address_for_pods
 
 
 def request_rate_rules(metric: str = "preheat:requests_received_total", window: str = "2m") -> dict:

@@ -6,9 +6,9 @@ controller manager with only `--controllers=pod-autoscaler-controller` and `--di
 its own ServiceAccount `aibrix-controller-manager` in `aibrix-system` with the upstream ClusterRole and
 binding (config/rbac/controller-manager, copied by the build, kustomized as config/default does:
 namespace aibrix-system, name prefix aibrix-), and the PodAutoscaler CRD. No aggregation layer: for a
-`metricSourceType: pod` source it scrapes each pod's `/metrics` at the pod IP itself. Pods on the node
-agent are host processes listening on their pod IPs (198.18.0.0/15, local in our network namespace),
-and the controller is a host process in the same namespace, so it reaches them as it would in a pod.
+`metricSourceType: pod` source it scrapes each pod's `/metrics` at the pod IP itself. The controller is
+a host process in the cluster's network namespace, where the nodes' bridges are, so it reaches pod IPs
+as it would from a pod.
 Run as a host process of the cluster like the other peers (`down` stops it)."""
 
 from __future__ import annotations

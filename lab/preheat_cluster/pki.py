@@ -102,7 +102,7 @@ _CERTS = {
     "components-serving": ("localhost", None, True, False),
     "apiserver-etcd-client": ("kube-apiserver-etcd-client", None, False, True),
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters", False, True),
-    # The admin identity is used by kubectl, the controller-manager, the scheduler, the node agent and
+    # The admin identity is used by kubectl, the controller-manager, the scheduler, CoreDNS and
     # Prometheus' service discovery (everything that runs on the host, not in a pod).
     "admin": ("preheat-admin", "system:masters", False, True),
     "controller-manager": ("system:kube-controller-manager", None, False, True),

@@ -1,8 +1,8 @@
 """Starting, finding and stopping the cluster's processes.
 
-Every process the cluster starts (components, the node agent, and the pods' containers) carries the
-env var `PREHEAT_CLUSTER_ID=<state dir>`, so `down` can find them all in /proc, even a process a
-container double-forked, and verify that none is left."""
+Every process the cluster starts on this host (components, the nodes' kubelets and containerd, peers)
+carries the env var `PREHEAT_CLUSTER_ID=<state dir>`, so `down` can find them all in /proc and verify
+that none is left; the pods' containers are found through the nodes' cgroups (realnode.py)."""
 
 from __future__ import annotations
 

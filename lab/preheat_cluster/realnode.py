@@ -44,13 +44,13 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
                    "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
 
 
-# Imported into every node at start; the others (the model server's is ~6 GB with PyPI's torch) on
-# demand through `LocalCluster.load_image`, or at start when named in $PREHEAT_NODE_IMAGES.
-PRELOADED_IMAGES = ("pause", "operator")
+# Imported into every node at start (the model server's takes ~100 s a node: ~6 GB with PyPI's torch);
+# others on demand through `LocalCluster.load_image`, or at start when named in $PREHEAT_NODE_IMAGES.
+PRELOADED_IMAGES = ("pause", "operator", "lightweight-server", "model-server")
 
 
 def preloaded_images(env: str | None) -> tuple[str, ...]:
-    """The archives every node imports at start: pause and the operator, plus a comma-separated list."""
+    """The archives every node imports at start: PRELOADED_IMAGES plus a comma-separated list."""
     extra = [i.strip() for i in (env or "").split(",") if i.strip()]
     return tuple(dict.fromkeys([*PRELOADED_IMAGES, *extra]))
 
@@ -328,6 +328,16 @@ def add_loopback_address(ip: str) -> None:
     run(["ip", "addr", "replace", f"{ip}/32", "dev", "lo"])
 
 
+def add_bridge(name: str) -> None:
+    """A node's bridge before its first pod (CNI's bridge plugin adopts it), so the host can shape traffic
+    to the node's pods from the start (the closed loop's model store); `down` deletes it."""
+    if not os.environ.get("PREHEAT_NETNS"):
+        raise NodeError("real nodes run only inside Preheat's network namespace")
+    if run(["ip", "link", "show", name], check=False).returncode != 0:
+        run(["ip", "link", "add", "name", name, "type", "bridge"])
+    run(["ip", "link", "set", name, "up"])
+
+
 def del_loopback_address(ip: str) -> None:
     if os.environ.get("PREHEAT_NETNS"):
         run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], check=False)
@@ -511,14 +521,14 @@ class NodeFleet:
         cni_bins = [d for d in CNI_BIN_DIRS if Path(d, "bridge").exists()]
         for n in self.nodes:
             add_loopback_address(n.ip)
+            add_bridge(n.bridge)
             make_cgroup_root(n.cgroup_root)
             (n.dir / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
             (n.dir / "cni" / "net.d" / "10-bridge.conflist").write_text(json.dumps(cni_conflist(n), indent=2))
             (n.dir / "resolv.conf").write_text("")  # pods' upstream: none (no way out)
             cfg = n.dir / "containerd.toml"
             cfg.write_text(containerd_config(n, sandbox_image=self.sandbox_image, runc=runc, cni_bin_dirs=cni_bins))
-            self._started[f"containerd-{n.index}"] = self.start(
-                f"containerd-{n.index}", [str(self.bin_dir / "containerd"), f"--config={cfg}"])
+            self._start_containerd(n)
         for n in self.nodes:
             self._wait_started(f"containerd-{n.index}", f"{n.name}'s containerd socket", n.socket.exists, 120)
         t["containerd_s"] = time.monotonic() - t0
@@ -533,13 +543,9 @@ class NodeFleet:
         for n in self.nodes:
             cert, key = self.issue_cert(f"kubelet-{n.index}", cn=f"system:node:{n.name}", org="system:nodes",
                                         server=True, client=True, dns=[n.name], ips=[n.ip])
-            kc = n.dir / "kubelet.kubeconfig"
-            self.write_kubeconfig(kc, f"kubelet-{n.index}")
-            conf = write_yaml(n.dir / "kubelet.yaml", kubelet_config(n, ca=ca, cert=cert, key=key))
-            self.start(f"kubelet-{n.index}", [
-                str(self.bin_dir / "kubelet"), f"--config={conf}", f"--kubeconfig={kc}",
-                f"--hostname-override={n.name}", f"--node-ip={n.ip}", f"--root-dir={n.dir / 'kubelet'}",
-                f"--cert-dir={n.dir / 'kubelet-pki'}", "--v=1"])
+            self.write_kubeconfig(n.dir / "kubelet.kubeconfig", f"kubelet-{n.index}")
+            write_yaml(n.dir / "kubelet.yaml", kubelet_config(n, ca=ca, cert=cert, key=key))
+            self.start(f"kubelet-{n.index}", self._kubelet_argv(n))
         self.issue_cert("kube-proxy", cn="system:kube-proxy", org=None, server=False, client=True)
         kp_kc = self.state_dir / "kube-proxy.kubeconfig"
         self.write_kubeconfig(kp_kc, "kube-proxy")
@@ -552,6 +558,24 @@ class NodeFleet:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(dns_service_manifests()))
         t["node_processes_s"] = time.monotonic() - t0
         return t
+
+    def _start_containerd(self, n: NodePlan) -> None:
+        self._started[f"containerd-{n.index}"] = self.start(
+            f"containerd-{n.index}", [str(self.bin_dir / "containerd"), f"--config={n.dir / 'containerd.toml'}"])
+
+    def _kubelet_argv(self, n: NodePlan) -> list[str]:
+        return [str(self.bin_dir / "kubelet"), f"--config={n.dir / 'kubelet.yaml'}",
+                f"--kubeconfig={n.dir / 'kubelet.kubeconfig'}", f"--hostname-override={n.name}", f"--node-ip={n.ip}",
+                f"--root-dir={n.dir / 'kubelet'}", f"--cert-dir={n.dir / 'kubelet-pki'}", "--v=1"]
+
+    def restart_node(self, index: int) -> None:
+        """Start a stopped node's containerd and kubelet again on its kept state (a node coming back)."""
+        n = next((n for n in self.nodes if n.index == index), None)
+        if n is None or not (n.dir / "kubelet.yaml").exists():
+            raise NodeError(f"no node {index} in this cluster to restart")
+        self._start_containerd(n)
+        self._wait_started(f"containerd-{n.index}", f"{n.name}'s containerd socket", n.socket.exists, 120)
+        self.start(f"kubelet-{n.index}", self._kubelet_argv(n))
 
     def _wait_started(self, name: str, what: str, check: Callable[[], bool], timeout: float) -> None:
         """Wait for `check`; fail at once if process `name` exits, and either way with the tail of its log

@@ -317,17 +317,25 @@ def test_ready_addresses_from_service_selector_follow_pod_readiness():
     assert ready_addresses_from_pods({"spec": {"selector": {}, "ports": []}}, pods) == []
 
 
-def test_benchmark_range_pod_addresses_only_when_this_host_owns_them():
-    from preheat_lab.loadgen.endpoints import _is_local
+def test_pod_addresses_only_when_routed_to_a_node_bridge_inside_preheats_namespace(monkeypatch):
+    from preheat_lab.loadgen import endpoints as E
 
-    addr = "198.18.0.7:8000"
-    if _is_local("198.18.0.7"):  # inside Preheat's network namespace (AnyIP route on lo)
-        assert check_loopback(addr) == addr
-    else:  # on the machine's own network stack the range is not local: refused
+    routes = {"10.244.1.7": "phbr1", "10.244.9.9": "eth0", "192.0.2.1": ""}
+    monkeypatch.setattr(E, "_route_dev", routes.__getitem__)
+    monkeypatch.setenv("PREHEAT_NETNS", "preheat-test")
+    assert check_loopback("10.244.1.7:8000") == "10.244.1.7:8000"
+    for off_host in ("10.244.9.9:8000", "192.0.2.1:8000"):  # another device, or no route: never
         with pytest.raises(ValueError, match="not local"):
-            check_loopback(addr)
+            check_loopback(off_host)
+    monkeypatch.delenv("PREHEAT_NETNS")  # on the machine's own network stack, not even a bridge's pod
     with pytest.raises(ValueError, match="not local"):
-        check_loopback("198.20.0.1:8000")  # outside the range, never
+        check_loopback("10.244.1.7:8000")
+
+
+def test_the_route_device_is_read_from_the_kernel():
+    from preheat_lab.loadgen.endpoints import _route_dev
+
+    assert _route_dev("127.0.0.1") == "lo"
 
 
 class StreamingServer:

@@ -95,14 +95,14 @@ def test_keda_scaled_object_has_one_prometheus_trigger_and_keda_defaults() -> No
 def test_keda_manifests_route_external_metrics_to_the_peer_address() -> None:
     from preheat_cluster.peers_keda import ADAPTER_PORT, keda_manifests
 
-    objs = keda_manifests(KEDA_RBAC, "198.18.16.255", b"CA PEM")
+    objs = keda_manifests(KEDA_RBAC, "10.250.0.254", b"CA PEM")
     kinds = [o["kind"] for o in objs]
     assert kinds[0] == "Namespace" and kinds[-1] == "APIService"  # the APIService last: applied once serving
     svc = next(o for o in objs if o["kind"] == "Service")
     assert "selector" not in svc["spec"] and svc["spec"]["ports"][0]["targetPort"] == ADAPTER_PORT
     eps = next(o for o in objs if o["kind"] == "EndpointSlice")
     assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
-    assert eps["endpoints"][0]["addresses"] == ["198.18.16.255"] and eps["ports"][0]["port"] == ADAPTER_PORT
+    assert eps["endpoints"][0]["addresses"] == ["10.250.0.254"] and eps["ports"][0]["port"] == ADAPTER_PORT
     api = objs[-1]
     assert api["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
     assert api["spec"]["service"] == {"name": svc["metadata"]["name"], "namespace": "keda", "port": 443}

@@ -1,10 +1,8 @@
-"""The local cluster on real nodes: two kubelets with their own containerd, runc and bridge CNI,
+"""The local cluster's real nodes: two kubelets with their own containerd, runc and bridge CNI,
 kube-proxy and CoreDNS, running pods from the images `make images` built from the Dockerfiles.
 
-The module brings up its own two-node cluster (own state dir, ports and cgroup root) inside the test
-network namespace and takes it down at the end. The node-loss test stops a node for good, so it runs
-last. Needs `make node-binaries images`; without them the module is skipped with that command as the
-reason (failed under `make test`, which builds them first)."""
+The tests use the session's shared cluster (tests/conftest.py). The node-loss test stops a node's kubelet
+and containerd, then brings the node back for the tests after it."""
 
 from __future__ import annotations
 
@@ -54,32 +52,13 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory) -> Iterator:
-    from preheat_cluster import ClusterError, LocalCluster, default_bin_dir, missing_binaries
-    from preheat_cluster.realnode import image_archives, node_binaries_missing
-
-    bin_dir = default_bin_dir()
-    missing = missing_binaries(bin_dir) + node_binaries_missing(bin_dir)
-    images = {t.name for t in image_archives(bin_dir.parent)}
-    missing += [f"image {i}" for i in ("pause.tar", "operator.tar", "model-server.tar") if i not in images]
-    if missing:
-        why = f"real nodes need {missing}: run `make node-binaries images`"
-        # make test builds them first (scripts/test.sh): there, a missing piece is a failure, not a skip.
-        if os.environ.get("PREHEAT_REQUIRE_REAL_NODES") == "1":
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
-    if not os.environ.get("PREHEAT_NETNS"):
-        pytest.skip("real nodes run only inside Preheat's network namespace (make test-cluster does that)")
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("real-nodes"), nodes=2, node_kind="real")
-    try:
-        took = cluster.up(quiet=True)
-    except ClusterError as e:
-        pytest.fail(f"real-node cluster did not come up: {e}", pytrace=False)
-    print(f"\nreal-node cluster ready in {took:.1f}s ({cluster._state().get('node_timings_s')})")
-    try:
-        yield cluster
-    finally:
-        cluster.down(quiet=True)
+def real(local_cluster):
+    """The session's cluster: its two real nodes (external clusters are not ours to stop a node of)."""
+    cluster = local_cluster.cluster
+    if cluster is None:
+        pytest.fail("these tests drive the local cluster's own real nodes (PREHEAT_KUBECONFIG points elsewhere)",
+                    pytrace=False)
+    return cluster
 
 
 def kc(cluster, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -182,9 +161,7 @@ def test_pod_runs_in_its_own_namespaces_with_its_cpu_quota_and_memory_limit(real
 
 @pytest.fixture(scope="module")
 def model_server_image(real) -> str:
-    """The CPU model-server image from model-server/Dockerfile, imported into both nodes once."""
-    took = real.load_image("model-server")
-    print(f"\nmodel-server image loaded into both nodes in {took:.1f}s")
+    """The CPU model-server image from model-server/Dockerfile, imported into both nodes at start."""
     return MODEL_SERVER_IMAGE
 
 
@@ -514,7 +491,7 @@ def test_helm_installs_the_operator_image_which_reconciles_the_sample_with_its_o
 
 
 def test_losing_a_node_reschedules_its_pods_and_the_endpoint_gets_its_serving_count_back(real, ns: str, release) -> None:
-    """Last in the module: the lost node stays down. The node that holds the endpoint's serving replica is
+    """The node that holds the endpoint's serving replica is
     stopped (kubelet and containerd): the endpoint must serve again at its desired count from the other
     node, and a plain Deployment's spread replicas all come back there."""
     from preheat_cluster import procs
@@ -566,7 +543,19 @@ def test_losing_a_node_reschedules_its_pods_and_the_endpoint_gets_its_serving_co
     took = time.monotonic() - t0
     node = get(real, "node", lost, "default")
     assert any(c["type"] == "Ready" and c["status"] != "True" for c in node["status"]["conditions"])
+    # The node comes back on its kept state, for the tests after this one: Ready again, and the pods it held
+    # while it was away (already replaced elsewhere) are removed from it.
+    t1 = time.monotonic()
+    real.restart_node(int(index))
+    wait(f"{lost} Ready again", lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
+                                              get(real, "node", lost, "default")["status"]["conditions"]), timeout=180, every=1)
+    wait(f"the pods replaced while {lost} was away gone from it",
+         lambda: not [p for p in json.loads(kc(real, "get", "pods", "-A", "--field-selector", f"spec.nodeName={lost}",
+                                                    "-o", "json").stdout)["items"]
+                      if p["metadata"].get("deletionTimestamp")], timeout=180, every=1)
+    node_back_s = time.monotonic() - t1
     figures = {"lost_node": lost, "serving_back_s": round(serving_s, 1), "endpoint_back_s": round(endpoint_s, 1),
-               "deployment_back_s": round(took, 1), "serving_replicas": serving_want, "endpoint_replicas": desired}
+               "deployment_back_s": round(took, 1), "serving_replicas": serving_want, "endpoint_replicas": desired,
+               "node_ready_again_s": round(node_back_s, 1)}
     print(f"\nnode lost: {json.dumps(figures)}")
     Path(real.state_dir / "node-loss.json").write_text(json.dumps(figures) + "\n")

@@ -127,9 +127,9 @@ def test_image_archives_put_pause_first_and_skip_the_base(tmp_path: Path) -> Non
 
 
 def test_nodes_preload_pause_and_the_operator_plus_what_the_environment_names() -> None:
-    assert preloaded_images(None) == ("pause", "operator")
-    assert preloaded_images(" model-server,,lightweight-server, operator ") == (
-        "pause", "operator", "model-server", "lightweight-server")
+    assert preloaded_images(None) == ("pause", "operator", "lightweight-server", "model-server")
+    assert preloaded_images(" model-server-cuda,,model-server, operator ") == (
+        "pause", "operator", "lightweight-server", "model-server", "model-server-cuda")
 
 
 def test_pod_logs_are_found_under_any_nodes_kubelet_log_dir(tmp_path: Path) -> None:

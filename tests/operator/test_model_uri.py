@@ -3,7 +3,7 @@
 The init container's manifest is checked in test_builders.py, the fetcher itself in
 tests/server/test_fetch.py; here a pod whose init container failed, as the API server reports it,
 becomes Ready=False with preheat-fetch's own line as the message. The cluster test does it for real:
-a store on loopback, the operator, the init container and the model server as processes.
+a store on the test's host, the operator, and the init container and the model server in a pod.
 """
 
 from __future__ import annotations
@@ -112,17 +112,21 @@ def test_a_fetch_still_downloading_or_done_is_not_failing():
     assert not a.pod_view(done).failing
 
 
-# ---- On the local cluster: a real init container, a real model-server process, a real HTTP store.
+# ---- On the local cluster: a real init container and model server in a pod, a real HTTP store.
 
 def _store(root):
-    """A real http.server over `root` on 127.0.0.1 (the node agent's pods share the host's loopback)."""
+    """A real http.server over `root` on every address of the test host; pods reach it through the one the
+    API server advertises."""
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(root)))
+    from preheat_cluster.realnode import API_SERVER_IP
+
+    # A pod has its own loopback: it reaches the test's host through the address the API server advertises.
+    httpd = ThreadingHTTPServer(("0.0.0.0", 0), partial(Quiet, directory=str(root)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+    return httpd, f"http://{API_SERVER_IP}:{httpd.server_address[1]}"
 
 
 def _uri_endpoint(name: str, model: dict) -> dict:

@@ -1,7 +1,7 @@
 """Install the chart for real on the local cluster and use it the way a user would.
 
-One release per module (installing takes most of the time): the operator runs as two pods through the
-node agent with the chart's service-account token, so the chart's RBAC is what the API server
+One release per module (installing takes most of the time): the operator runs as two pods on the real
+nodes with the chart's service-account token, so the chart's RBAC is what the API server
 enforces. The tests: server-side dry run of the rendered manifests, the sample endpoint reconciled with
 no 403 in the operator's logs, every dashboard query returning data after real requests, and
 `helm uninstall` removing what it installed. The last one uninstalls, so it stays last in this file.
@@ -102,10 +102,7 @@ def release(local_cluster) -> Iterator[Release]:
         installed_at=time.time(),
     )
     sets = [
-        f"prometheus.url={local_cluster.prometheus_url}",
-        # Kopf binds /healthz on 0.0.0.0; the local cluster's pods share the host network, so two
-        # replicas cannot both bind it (values.yaml explains). Everything else is the default.
-        "operator.livenessProbe.enabled=false",
+        f"prometheus.url={local_cluster.prometheus_url_for_pods}",
         f"operator.extraArgs[0]=--interval={INTERVAL_S}",
     ]
     if image_tag := os.environ.get("PREHEAT_IMAGE_TAG"):
@@ -246,6 +243,7 @@ def test_operator_reconciles_sample_with_its_own_rbac(release: Release) -> None:
 
     assert (
         can("patch", "deployments.apps/scale") and can("create", "deployments.apps") and can("patch", "pods")
+        and can("patch", "pods", "--subresource=resize")  # warmPool.resources: a pod resized in place
     )
     assert not can("delete", "deployments.apps") and not can("get", "secrets") and not can("delete", "pods")
 
@@ -255,11 +253,15 @@ def test_operator_reconciles_sample_with_its_own_rbac(release: Release) -> None:
     assert len(peers) == 2, peers
     assert len({p["priority"] for p in peers.values()}) == 2, peers
 
-    # No 403 anywhere in either replica's log, and the active one did handle the sample.
+    # No 403 in either replica's log about the release's own namespaces or the cluster, and the active one
+    # did handle the sample. (The chart's operator watches every namespace: another test's endpoint in a
+    # namespace being deleted draws a 403 from the API server's NamespaceLifecycle, not from RBAC.)
+    ours = (f'"namespace": "{release.namespace}"', f'"namespace": "{release.apps_namespace}"')
     logs = {p["metadata"]["name"]: release.operator_log(p["metadata"]["name"]) for p in pods}
     for pod, text in logs.items():
         assert text, f"no log from operator pod {pod}"
-        bad = [line for line in text.splitlines() if "403" in line or "forbidden" in line.lower()]
+        bad = [line for line in text.splitlines() if ("403" in line or "forbidden" in line.lower())
+               and ('"namespace":' not in line or any(n in line for n in ours))]
         assert not bad, f"{pod}: permission errors with the chart's RBAC:\n" + "\n".join(bad[:20])
     assert any(release.endpoint in text for text in logs.values()), "no operator log line mentions the sample"
 

@@ -19,7 +19,7 @@ import pytest
 from .tools import REPO
 
 LAB_PACKAGES = ("preheat_cluster", "preheat_lab")
-LAB_SCRIPTS = {"preheat-cluster", "preheat-node-agent"}
+LAB_SCRIPTS = {"preheat-cluster"}
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
 
 
@@ -80,7 +80,7 @@ def test_product_wheel_has_no_lab_console_script(wheels):
 def test_lab_wheel_holds_the_cluster_closed_loop_load_generator_and_benchmarks(wheels):
     modules = _modules(wheels["lab"])
     assert {m.split("/")[0] for m in modules} == set(LAB_PACKAGES)
-    for module in ("preheat_cluster/launcher.py", "preheat_cluster/node_agent.py",
+    for module in ("preheat_cluster/launcher.py", "preheat_cluster/realnode.py",
                    "preheat_lab/closedloop/experiment.py", "preheat_lab/loadgen/replay.py",
                    "preheat_lab/bench_scale.py", "preheat_lab/bench_cluster.py", "preheat_lab/bench_sim.py",
                    "preheat_lab/bench_forecast.py"):

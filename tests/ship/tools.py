@@ -18,7 +18,6 @@ CRD = REPO / "crds" / "inferenceendpoint.yaml"
 DASHBOARD = REPO / "manifests" / "dashboards" / "preheat.json"
 RULES = REPO / "manifests" / "alerts" / "preheat-rules.yaml"
 RULE_TESTS = REPO / "manifests" / "alerts" / "tests" / "preheat-rules.test.yaml"
-IMAGE_MAP = REPO / "cluster" / "image-map.yaml"
 CACHE_BIN = Path(os.environ.get("PREHEAT_CACHE", Path.home() / ".cache" / "preheat")) / "bin"
 
 

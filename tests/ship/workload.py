@@ -1,8 +1,8 @@
 """A small real workload for the dashboard test, and PromQL helpers.
 
 Requests go to the serving pods' addresses from the endpoint's EndpointSlices, as a client of a
-cluster without kube-proxy would. On the local cluster those are host-local addresses (loopback, or
-198.18.0.0/15 made local on the loopback device, see preheat_cluster.podnet) and are called directly;
+cluster without kube-proxy would. On the local cluster those are pod addresses behind the real nodes'
+bridges, inside the test's network namespace, and are called directly;
 on a cluster whose pod IPs the test host cannot reach (kind: PREHEAT_POD_NETWORK=proxy) requests go
 through the API server's pod proxy. Nothing is ever sent directly to an address off this host.
 """
@@ -70,9 +70,8 @@ def serving_addresses(kube: Kube, namespace: str, service: str) -> list[tuple[st
     return out
 
 
-# The local cluster's pod ranges: the node agent's RFC 2544 benchmarking addresses routed to the loopback
-# device, and real nodes' pod CIDR, whose bridges live in the same network namespace as the tests.
-LOCAL_POD_RANGES = (ipaddress.ip_network("198.18.0.0/15"), ipaddress.ip_network(POD_CIDR))
+# The local cluster's pod range: its nodes' bridges live in the same network namespace as the tests.
+LOCAL_POD_RANGES = (ipaddress.ip_network(POD_CIDR),)
 
 
 def is_host_local(ip: str) -> bool:

@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.model_store:
             try:
                 MS.check_netns()
-                store = MS.ModelStore(args.work_dir / "model-store", download_s=args.download_s)
+                store = MS.ModelStore(args.work_dir / "model-store", download_s=args.download_s,
+                                      host=cluster.host_address_for_pods, devs=cluster.pod_bridges)
             except MS.ModelStoreError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2

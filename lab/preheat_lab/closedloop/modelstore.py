@@ -6,16 +6,17 @@ once they are in. The tiny model loads in seconds, so on its own it hides the pr
 has to solve. The store gives every replica of the closed loop that download for the real reason:
 
 * an uncompressed tar of the built-in model (what `preheat-fetch` unpacks, checked against its
-  sha256), served by `python -m http.server` on 127.0.0.1 (the local cluster's pods are processes in
-  one network namespace, so its loopback is the cluster's network);
+  sha256), served by `python -m http.server` on the test host's address that pods reach (the local
+  cluster's real nodes put each pod in its own network namespace behind its node's bridge);
 * the store's traffic shaped with `tc` to a stated rate, chosen from the archive's size so that one
-  replica alone downloads it in `download_s`: an HTB root on `lo` whose unclassified traffic goes
-  unshaped (its direct queue), and one class at the rate that a u32 filter on the store's source
-  port feeds. Everything else on loopback (API server, Prometheus, requests) is untouched.
+  replica alone downloads it in `download_s`: on each device its replies leave by (each node's bridge;
+  `lo` for a client on the host), an HTB root whose unclassified traffic goes unshaped (its direct
+  queue), and one class at the rate that a u32 filter on the store's source port feeds. Everything else
+  (API server, Prometheus, requests) is untouched.
 
-The class is the store's uplink: replicas that download at once share it, as they share an object
-store's or a registry's bandwidth in production. The shaping is allowed only inside Preheat's own
-network namespace (scripts/netns.sh), never on the machine's loopback.
+A class is a node's link to the store: replicas on one node that download at once share it, as they
+share a node's network bandwidth to an object store in production. The shaping is allowed only inside
+Preheat's own network namespace (scripts/netns.sh), never on the machine's own devices.
 """
 
 from __future__ import annotations
@@ -153,11 +154,13 @@ class ModelStore:
     rate that downloads it in `download_s`). `start()` builds, serves and shapes; `stop()` undoes both."""
 
     def __init__(self, root: Path, model: str = "tiny", download_s: float = DEFAULT_DOWNLOAD_S,
-                 rate_bit_s: int | None = None, host: str = "127.0.0.1", dev: str = "lo"):
+                 rate_bit_s: int | None = None, host: str = "127.0.0.1", devs: tuple[str, ...] = ("lo",)):
         if not download_s > 0:
             raise ModelStoreError(f"download time must be > 0 s, got {download_s}")
         self.root, self.model, self.download_s = Path(root), model, download_s
-        self.rate_bit_s, self.host, self.dev = rate_bit_s, host, dev
+        if not devs:
+            raise ModelStoreError("the store needs at least one device to shape")
+        self.rate_bit_s, self.host, self.devs = rate_bit_s, host, tuple(devs)
         self.archive: Archive | None = None
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
@@ -181,9 +184,10 @@ class ModelStore:
         self.port = _free_port(self.host)
         # Shape before serving: no byte leaves the store unshaped.
         try:
-            for cmd in shaping_commands(self.port, self.rate_bit_s, self.dev):
-                _run(cmd)
-            self.shaped = True
+            for dev in self.devs:
+                self.shaped = True  # from the first command on, stop() undoes what is there
+                for cmd in shaping_commands(self.port, self.rate_bit_s, dev):
+                    _run(cmd)
             logf = open(self.root / "store.log", "ab")  # noqa: SIM115 - the child keeps it
             with logf:
                 # Same process group as the closed loop: a Ctrl-C reaches the store too.
@@ -197,15 +201,21 @@ class ModelStore:
         return self
 
     def sent_bytes(self) -> int | None:
-        """What has gone through the store's link so far (None when not shaped or unreadable)."""
+        """What has gone through the store's links so far, summed (None when not shaped or unreadable)."""
         if not self.shaped:
             return None
-        try:
-            r = subprocess.run(["tc", "-s", "class", "show", "dev", self.dev, "classid", STORE_CLASS],
-                               capture_output=True, text=True, timeout=15)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return parse_sent_bytes(r.stdout)
+        total = 0
+        for dev in self.devs:
+            try:
+                r = subprocess.run(["tc", "-s", "class", "show", "dev", dev, "classid", STORE_CLASS],
+                                   capture_output=True, text=True, timeout=15)
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            sent = parse_sent_bytes(r.stdout)
+            if sent is None:
+                return None
+            total += sent
+        return total
 
     def _wait_serving(self, timeout_s: float = 15.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -228,7 +238,7 @@ class ModelStore:
                 self.proc.wait(5)
         self.proc = None
         if self.shaped:
-            for cmd in unshaping_commands(self.dev):
+            for cmd in (c for dev in self.devs for c in unshaping_commands(dev)):
                 try:
                     _run(cmd)
                 except ModelStoreError as e:
@@ -242,9 +252,9 @@ class ModelStore:
         return {
             "uri": self.uri, "sha256": self.archive.sha256, "archive_bytes": self.archive.bytes,
             "rate_bit_s": self.rate_bit_s, "download_alone_s": round(alone_s, 2),
-            "shaping": f"tc htb on {self.dev}: the store's source port {self.port} into one class at "
-                       f"{self.rate_bit_s} bit/s, every other packet unshaped",
-            "shared_link": "one class for all replicas (the store's uplink): n downloads at once take "
+            "shaping": f"tc htb on {', '.join(self.devs)}: the store's source port {self.port} into one class "
+                       f"per device at {self.rate_bit_s} bit/s, every other packet unshaped",
+            "shared_link": "one class per node (its link to the store): n downloads at once on one node take "
                            "about n times as long each",
             "equivalent": f"a {EXAMPLE_MODEL_BYTES / 1e9:.0f} GB model (8B parameters in bf16) at "
                           f"{equivalent_rate_gbit_s(alone_s):.1f} Gbit/s",

@@ -1,10 +1,11 @@
 """Where to send requests: the ready serving pods of an endpoint, read from its EndpointSlices.
 
-The local cluster has no kube-proxy (Service ClusterIPs carry no traffic), so the load generator
-does what a service mesh or an ingress does: it reads the Service's EndpointSlices and balances
-across the ready addresses itself. Only loopback addresses are ever used (the whole cluster lives
-on 127.0.0.0/8 here); anything else is refused, so a misconfigured kubeconfig cannot make the load
-generator send traffic off this machine.
+The load generator does what a service mesh or an ingress does: it reads the Service's EndpointSlices
+and balances across the ready addresses itself (per-request choice, which kube-proxy's per-connection
+NAT does not give). Only addresses on this host are ever used: loopback, and pod addresses routed to one
+of the local cluster's node bridges inside Preheat's own network namespace (scripts/netns.sh), which has
+no way out; anything else is refused, so a misconfigured kubeconfig cannot make the load generator send
+traffic off this machine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import socket
+import os
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,25 +29,30 @@ class EndpointSource(Protocol):
     def ready(self) -> list[str]: ...
 
 
-LOCAL_POD_RANGE = ipaddress.ip_network("198.18.0.0/15")
-_local_cache: dict[str, bool] = {}
+NODE_BRIDGE_PREFIX = "phbr"  # the local cluster's node bridges (preheat_cluster.realnode.NodePlan.bridge)
+_route_cache: dict[str, str] = {}
 
 
-def _is_local(ip: str) -> bool:
-    """True when this host owns `ip` (it can bind a socket to it): then packets to it never leave."""
-    if ip not in _local_cache:
+def _route_dev(ip: str) -> str:
+    """The device the kernel routes `ip` through ('' when it cannot say)."""
+    if ip not in _route_cache:
         try:
-            with socket.socket() as s:
-                s.bind((ip, 0))
-            _local_cache[ip] = True
-        except OSError:
-            _local_cache[ip] = False
-    return _local_cache[ip]
+            out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        words = out.split()
+        _route_cache[ip] = words[words.index("dev") + 1] if "dev" in words[:-1] else ""
+    return _route_cache[ip]
+
+
+def _on_a_node_bridge(ip: str) -> bool:
+    """A pod of the local cluster: routed to a node bridge, inside Preheat's network namespace."""
+    return bool(os.environ.get("PREHEAT_NETNS")) and _route_dev(ip).startswith(NODE_BRIDGE_PREFIX)
 
 
 def check_loopback(address: str) -> str:
-    """Return `address` (`host:port`) if its host is local: a loopback IP, or a pod address in
-    198.18.0.0/15 that this host has made local; else raise ValueError."""
+    """Return `address` (`host:port`) if its host is on this host: a loopback IP, or a pod of the local
+    cluster (routed to one of its node bridges inside Preheat's network namespace); else raise ValueError."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"address {address!r} is not host:port")
@@ -55,11 +62,11 @@ def check_loopback(address: str) -> str:
         raise ValueError(f"address {address!r}: host must be a literal IP, got {host!r}") from e
     if ip.is_loopback:
         return address
-    if ip.version == 4 and ip in LOCAL_POD_RANGE and _is_local(str(ip)):
+    if ip.version == 4 and _on_a_node_bridge(str(ip)):
         return address
     raise ValueError(
-        f"address {address!r} is not local: the load generator only targets 127.0.0.0/8 and pod "
-        f"addresses in {LOCAL_POD_RANGE} that this host has made local"
+        f"address {address!r} is not local: the load generator only targets 127.0.0.0/8 and the local "
+        "cluster's pods (routed to a node bridge inside Preheat's network namespace)"
     )
 
 

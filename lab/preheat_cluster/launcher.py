@@ -180,7 +180,7 @@ class LocalCluster:
     def prometheus_url_for_pods(self) -> str:
         """Prometheus as pods reach it: a pod has its own loopback, so through the namespace's address
         the API server advertises."""
-        return f"http://{API_SERVER_IP}:{self.ports['prometheus']}"
+        return f"http://{self.host_address_for_pods}:{self.ports['prometheus']}"
 
     @property
     def host_address_for_pods(self) -> str:
@@ -318,7 +318,7 @@ class LocalCluster:
                 pid = self.component_pids().get(n)
                 if pid and not procs.alive(pid):
                     raise ClusterError(f"{n} exited while waiting for {what}; see {self.logs_dir / (n + '.log')}:\n"
-                                       + _tail(self.logs_dir / f"{n}.log"))
+                                       + procs.log_tail(self.logs_dir / f"{n}.log"))
             time.sleep(0.25)
         raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}: {last}")
 
@@ -563,13 +563,6 @@ class LocalCluster:
         if not quiet:
             print(f"cluster down: no processes left ({self.state_dir})", file=sys.stderr)
         return left
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except FileNotFoundError:
-        return "(no log)"
 
 
 def kubectl(cluster: LocalCluster, *args: str, check: bool = True, input: str | None = None) -> str:

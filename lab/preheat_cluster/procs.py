@@ -93,3 +93,11 @@ def _reap(pids: Iterable[int]) -> None:
     for p in pids:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(p, os.WNOHANG)
+
+
+def log_tail(path: Path, n: int = 30) -> str:
+    """The last `n` lines of a process's log, for an error message ("(no log)" when there is none)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return "(no log)"

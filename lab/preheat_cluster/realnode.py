@@ -310,15 +310,6 @@ def run(argv: list[str], *, timeout: float = 60, check: bool = True) -> subproce
     return r
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 # ----- host changes, each with its undo -------------------------------------------------------------
 def add_loopback_address(ip: str) -> None:
     """Only inside Preheat's own network namespace: never on the machine's loopback device."""
@@ -586,14 +577,9 @@ class NodeFleet:
             exited = pid is not None and not procs.alive(pid)
             if exited or time.monotonic() > deadline:
                 why = "exited" if exited else f"timed out after {timeout:.0f}s"
-                raise NodeError(f"{why} waiting for {what}; the end of {name}'s log:\n{self.log_tail(name)}")
+                raise NodeError(f"{why} waiting for {what}; the end of {name}'s log:\n{procs.log_tail(self.logs_dir / f'{name}.log')}")
             time.sleep(0.2)
 
-    def log_tail(self, name: str, lines: int = 25) -> str:
-        try:
-            return "\n".join((self.logs_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
 
     def load_image(self, archive: Path) -> None:
         """Import an image archive into every node's containerd (what `kind load` does)."""

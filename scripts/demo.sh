@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 OUT="${DEMO_OUT:-out/demo}"
 MODES="${DEMO_MODES:-preheat,reactive,hpa}"
-STATE="${DEMO_STATE_DIR:-.cluster}"
+# .cluster/, or a dir under /tmp where the checkout is too deep for the nodes' unix sockets.
+STATE="${DEMO_STATE_DIR:-$("$PY" -c "from preheat_cluster.launcher import default_state_dir; print(default_state_dir())")}"
 TRACE="${DEMO_TRACE:-../shared/traces/servegen_m-small_10min.csv}"
 # A fresh clone may have the traces beside it or not: fall back to the committed excerpt (day 1 and
 # day 2's morning of m-small, what the closed-loop test replays) so the demo still runs the same slice

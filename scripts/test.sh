@@ -40,4 +40,5 @@ echo "== pytest"
 # at the end with whatever was left in it.
 ns="preheat-test-$$"
 exec bash scripts/netns.sh --rm "$ns" bash -c \
-  '"$0" -m pytest tests "$@"; rc=$?; "$0" -m preheat_cluster down >/dev/null 2>&1; exit $rc' "$PY" "$@"
+  '"$0" -m pytest tests "$@"; rc=$?
+   "$0" -m preheat_cluster ${PREHEAT_CLUSTER_DIR:+--state-dir "$PREHEAT_CLUSTER_DIR"} down >/dev/null 2>&1; exit $rc' "$PY" "$@"

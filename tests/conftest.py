@@ -63,7 +63,7 @@ def local_cluster() -> Iterator[ClusterHandle]:
 
     # PREHEAT_CLUSTER_DIR gives a session its own cluster (another state dir, other ports).
     state_dir = os.environ.get("PREHEAT_CLUSTER_DIR")
-    cluster = LocalCluster(state_dir=Path(state_dir)) if state_dir else LocalCluster(state_dir=_default_state_dir())
+    cluster = LocalCluster(state_dir=Path(state_dir)) if state_dir else LocalCluster()
     missing = missing_binaries(cluster.bin_dir)
     if missing:
         pytest.fail(
@@ -103,19 +103,6 @@ def local_cluster() -> Iterator[ClusterHandle]:
                     cluster.down()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _default_state_dir() -> Path:
-    """`.cluster/` in the checkout, unless the checkout is too deep for the nodes' unix sockets (108 bytes):
-    then a short dir of its own under /tmp, the same for every session of this checkout."""
-    from preheat_cluster.launcher import DEFAULT_STATE_DIR
-    from preheat_cluster.realnode import NodeError, check_socket_paths, plan_nodes
-
-    try:
-        check_socket_paths(plan_nodes(DEFAULT_STATE_DIR, 2, "check"))
-        return DEFAULT_STATE_DIR
-    except NodeError:
-        return Path("/tmp") / f"preheat-cluster-{hashlib.sha1(str(DEFAULT_STATE_DIR).encode()).hexdigest()[:10]}"
 
 
 def _pid_alive(pid: int) -> bool:

@@ -7,12 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from .launcher import DEFAULT_STATE_DIR, ClusterError, LocalCluster, default_bin_dir
+from .launcher import ClusterError, LocalCluster, default_bin_dir, default_state_dir
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="preheat-cluster", description=__doc__.splitlines()[0])
-    ap.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="default: .cluster/ in the repo")
+    ap.add_argument("--state-dir", type=Path, default=None,
+                    help="default: .cluster/ in the repo (a dir under /tmp where the repo is too deep for unix sockets)")
     ap.add_argument("--bin-dir", type=Path, default=None, help="default: $PREHEAT_CACHE/bin")
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start the cluster and wait until it is ready")
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     lg.add_argument("-c", "--container", default=None)
     args = ap.parse_args(argv)
 
-    kw = {"state_dir": args.state_dir}
+    kw = {"state_dir": args.state_dir or default_state_dir()}
     if args.bin_dir:
         kw["bin_dir"] = args.bin_dir
     if args.cmd == "up":

@@ -3,7 +3,7 @@ nodes (kubelet + containerd each, kube-proxy, CoreDNS: realnode.py) as local pro
 network namespace, and takes them down again.
 
 All state (PKI, etcd data, kubeconfigs, logs, the nodes' containerd and kubelet dirs) lives in one state
-dir, `.cluster/` at the repository root by default. Ports are chosen at random and recorded in `state.json`, so a second
+dir, `.cluster/` at the repository root by default (`default_state_dir`). Ports are chosen at random and recorded in `state.json`, so a second
 cluster with another state dir never collides with the first."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from .realnode import (
     NodeError,
     NodeFleet,
     add_loopback_address,
+    check_socket_paths,
     del_loopback_address,
     node_binaries_missing,
     plan_nodes,
@@ -51,6 +52,16 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 # like the control plane, so `down` stops them first).
 PEERS = ("prometheus-adapter", "aibrix-controllers", "keda-operator", "keda-adapter")
 VERSIONS_FILE = REPO_ROOT / "cluster" / "versions.env"
+
+
+def default_state_dir() -> Path:
+    """`.cluster/` in the checkout, unless the checkout is too deep for the nodes' unix sockets (108 bytes):
+    then a short dir of its own under /tmp, the same for every command run from this checkout."""
+    try:
+        check_socket_paths(plan_nodes(DEFAULT_STATE_DIR, 2, "check"))
+        return DEFAULT_STATE_DIR
+    except NodeError:
+        return Path("/tmp") / f"preheat-cluster-{hashlib.sha1(str(DEFAULT_STATE_DIR).encode()).hexdigest()[:10]}"
 
 
 def pinned_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
@@ -111,7 +122,7 @@ def _free_port(taken: set[int]) -> int:
 class LocalCluster:
     """A local Kubernetes made of the real components. `up()` is idempotent for a live cluster."""
 
-    state_dir: Path = DEFAULT_STATE_DIR
+    state_dir: Path = field(default_factory=default_state_dir)
     bin_dir: Path = field(default_factory=default_bin_dir)
     nodes: int = 2
     scrape_interval: str | None = None

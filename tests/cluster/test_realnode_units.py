@@ -67,6 +67,19 @@ def test_a_state_dir_too_deep_for_unix_sockets_is_refused_before_anything_starts
         check_socket_paths(plan_nodes(deep, 2, "t"))
 
 
+def test_a_checkout_too_deep_for_the_sockets_gets_its_cluster_state_under_tmp(monkeypatch) -> None:
+    from preheat_cluster import launcher
+
+    monkeypatch.setattr(launcher, "DEFAULT_STATE_DIR", Path("/tmp") / ("d" * 60) / ".cluster")
+    short = launcher.default_state_dir()
+    assert short.parent == Path("/tmp") and short.name.startswith("preheat-cluster-")
+    check_socket_paths(plan_nodes(short, 2, "t"))
+    # The same checkout gets the same dir every time, so `down` finds what `up` started.
+    assert launcher.default_state_dir() == short
+    monkeypatch.setattr(launcher, "DEFAULT_STATE_DIR", Path("/tmp/repo/.cluster"))
+    assert launcher.default_state_dir() == Path("/tmp/repo/.cluster")
+
+
 def test_a_node_process_that_exits_fails_the_wait_at_once_with_its_log(tmp_path: Path) -> None:
     from preheat_cluster import procs
 

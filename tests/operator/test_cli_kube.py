@@ -21,11 +21,11 @@ def test_cli_flags():
         parse_args(["-n", "a", "--all-namespaces"])
 
 
-def test_local_cluster_service_account_dir(tmp_path, monkeypatch):
+def test_in_cluster_credentials_from_the_service_account_dir(tmp_path, monkeypatch):
     (tmp_path / "token").write_text("tok\n")
     (tmp_path / "ca.crt").write_text("---")
     (tmp_path / "namespace").write_text("preheat-system")
-    monkeypatch.setenv("PREHEAT_SERVICEACCOUNT_DIR", str(tmp_path))
+    monkeypatch.setattr(kube, "STANDARD_SA_DIR", str(tmp_path))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
     creds = kube.in_cluster()
@@ -36,7 +36,7 @@ def test_local_cluster_service_account_dir(tmp_path, monkeypatch):
 
 def test_no_in_cluster_credentials_without_service_host(tmp_path, monkeypatch):
     (tmp_path / "token").write_text("tok")
-    monkeypatch.setenv("PREHEAT_SERVICEACCOUNT_DIR", str(tmp_path))
+    monkeypatch.setattr(kube, "STANDARD_SA_DIR", str(tmp_path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert kube.in_cluster() is None
 

@@ -1,9 +1,8 @@
 """Kubernetes client configuration: a kubeconfig, or in-cluster credentials.
 
-In-cluster has two spellings: the real one (/var/run/secrets/kubernetes.io/serviceaccount) and the
-local cluster's node agent, which cannot mount that path and gives `PREHEAT_SERVICEACCOUNT_DIR`
-instead. Both come with KUBERNETES_SERVICE_HOST/PORT. The same settings feed the kubernetes client
-and Kopf's login, so both talk to the same API server with the same identity.
+In-cluster means the kubelet's projected service-account token (/var/run/secrets/kubernetes.io/
+serviceaccount) with KUBERNETES_SERVICE_HOST/PORT. The same settings feed the kubernetes client and
+Kopf's login, so both talk to the same API server with the same identity.
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ class Credentials:
 
 
 def _serviceaccount_dir() -> Path | None:
-    for candidate in (os.environ.get("PREHEAT_SERVICEACCOUNT_DIR"), STANDARD_SA_DIR):
-        if candidate and (Path(candidate) / "token").is_file():
-            return Path(candidate)
-    return None
+    sa = Path(STANDARD_SA_DIR)
+    return sa if (sa / "token").is_file() else None
 
 
 def in_cluster() -> Credentials | None:

@@ -580,7 +580,6 @@ class NodeFleet:
                 raise NodeError(f"{why} waiting for {what}; the end of {name}'s log:\n{procs.log_tail(self.logs_dir / f'{name}.log')}")
             time.sleep(0.2)
 
-
     def load_image(self, archive: Path) -> None:
         """Import an image archive into every node's containerd (what `kind load` does)."""
         # --discard-unpacked-layers: once unpacked into the snapshotter the compressed layers can go, so a

@@ -3,7 +3,7 @@ reconciled by one `preheat operator` process; records time to converge and the o
 
     python -m preheat_lab.bench_scale --count 200 --out bench-results/operator-scale.json
 
-Uses the local cluster in `--cluster-state` (default `.cluster/` in the current directory; brought up
+Uses the local cluster in `--cluster-state` (default: the local cluster's own, `.cluster/`; brought up
 if needed, taken down only if it started it), or `--kubeconfig`/`--prometheus-url` for another. Converged = every endpoint Ready=True with one
 serving replica. Records, never asserts: the numbers go to JSON and docs/operator.md.
 """
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prometheus-url")
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--out", default="bench-results/operator-scale.json")
-    p.add_argument("--cluster-state", type=Path, default=Path(".cluster"), help="the local cluster's state dir")
+    p.add_argument("--cluster-state", type=Path, default=None, help="the local cluster's state dir (default: its own)")
     p.add_argument("--log", type=Path, default=Path("bench-results/tmp/operator-scale.log"), help="operator log")
     args = p.parse_args(argv)
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from preheat_cluster import LocalCluster
 
-        cluster = LocalCluster(state_dir=args.cluster_state.resolve())
+        cluster = LocalCluster(state_dir=args.cluster_state) if args.cluster_state else LocalCluster()
         started = not cluster.is_up()
         if started:
             cluster.up()

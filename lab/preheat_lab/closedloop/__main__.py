@@ -2,7 +2,8 @@
 AIBrix on a cluster.
 
 Writes the JSON (`--out`), a PNG (`--plot`) and prints live progress plus a one-line summary.
-Without `--kubeconfig` it uses the local cluster in `--cluster-state` (default `.cluster`), whose
+Without `--kubeconfig` it uses the local cluster in `--cluster-state` (default: the local cluster's own,
+`preheat_cluster.launcher.default_state_dir`), whose
 Prometheus also scrapes the operator's /metrics through file service discovery; with the `hpa`, `keda`
 or `aibrix` mode it also starts that peer there (once; `bash cluster/build-peers.sh
 prometheus-adapter|keda|aibrix` builds it). With `--kubeconfig`, the cluster must run the peers itself.
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--kubeconfig", type=Path, help="cluster to use (default: the local cluster's)")
     p.add_argument("--prometheus-url", help="Prometheus the operator queries (default: the local cluster's)")
-    p.add_argument("--cluster-state", type=Path, default=Path(".cluster"), help="local cluster state dir")
+    p.add_argument("--cluster-state", type=Path, default=None, help="local cluster state dir (default: the local cluster's)")
     p.add_argument("--trace", type=Path, default=Path(DEFAULT_TRACE), help="any trace preheat.sim.traces reads")
     p.add_argument("--start-s", type=float, default=DEFAULT_START_S, help="slice start, trace seconds")
     p.add_argument("--duration-s", type=float, default=W.SLICE_DURATION_S, help="slice length, trace seconds")
@@ -188,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from .history import HistoryWriter
 
-        cluster = LocalCluster(state_dir=args.cluster_state)
+        cluster = LocalCluster(state_dir=args.cluster_state) if args.cluster_state else LocalCluster()
         if not cluster.kubeconfig.exists():
-            print(f"error: no --kubeconfig and no local cluster in {args.cluster_state} "
+            print(f"error: no --kubeconfig and no local cluster in {cluster.state_dir} "
                   "(run `python -m preheat_cluster up`)", file=sys.stderr)
             return 2
         kubeconfig = kubeconfig or cluster.kubeconfig

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 import urllib.parse
@@ -98,8 +99,15 @@ class _Traffic:
 
     def _run(self, i: int) -> None:
         body = json.dumps({"prompt": "hello", "max_tokens": 4}).encode()
+        pods: list[client.V1Pod] = []
+        listed = 0.0
         while not self.stop.is_set():
-            pods = [p for p in self.core.list_namespaced_pod(self.ns, label_selector=self.selector).items if ready(p)]
+            # The pod list at most every 2 s: a list per request would put the API server's latency
+            # between requests and leave the replica idle part of the time on a loaded machine.
+            if not pods or time.monotonic() - listed > 2:
+                pods = [p for p in self.core.list_namespaced_pod(self.ns, label_selector=self.selector).items
+                        if ready(p)]
+                listed = time.monotonic()
             for p in pods[i % max(len(pods), 1):][:1]:
                 req = urllib.request.Request(f"http://{p.status.pod_ip}:8000/v1/completions", data=body,
                                              method="POST", headers={"Content-Type": "application/json"})
@@ -108,7 +116,7 @@ class _Traffic:
                         r.read()
                     self.sent += 1
                 except OSError:
-                    pass  # a pod going away; the next round picks the live ones
+                    pods = []  # a pod going away: list the live ones again
             if not pods:
                 self.stop.wait(0.5)
 
@@ -189,6 +197,13 @@ def _under_load(kube_api, namespace: str, name: str, start: Callable[[], Any]) -
         except ClusterError as e:
             pytest.fail(str(e), pytrace=False)
         yield traffic
+
+
+def _new_size(message: str | None) -> int:
+    """The replica count in "New size: 2; reason: ..." (AIBrix) or "Scaled up replica set X from 1 to 2"
+    / "... to 2" (the Deployment controller); 0 when the message has none."""
+    m = re.search(r"New size: (\d+)", message or "") or re.search(r"to (\d+)\b", message or "")
+    return int(m.group(1)) if m else 0
 
 
 def _cluster(local_cluster):
@@ -272,20 +287,39 @@ def test_aibrix_podautoscaler_scales_model_server_on_vllm_num_requests_running(
 
     cluster = _cluster(local_cluster)
     name = "aibrix-tiny"
-    apps, custom = client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    custom = client.CustomObjectsApi(kube_api)
     # Three closed-loop clients on one replica keep about 2 requests running (the tiny model's batch):
     # twice the target of 1 per replica, which AIBrix's KPA answers by scaling up.
     with _under_load(kube_api, namespace, name, lambda: start_aibrix(cluster)) as traffic:
         custom.create_namespaced_custom_object("autoscaling.aibrix.ai", "v1alpha1", namespace, "podautoscalers",
                                                pod_autoscaler(name, metric="num_requests_running", target="1"))
 
+        core = client.CoreV1Api(kube_api)
+
         def scaled_up() -> dict | None:
+            # From the Events, not a sample of the state: the KPA may scale 1 -> 2 and back between two
+            # polls (its panic window reacts within seconds), and the Events keep what it did.
+            pa_events = core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=PodAutoscaler").items
+            dep_events = core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=Deployment").items
+            rescaled = any(e.reason == "SuccessfulRescale" and "above target" in (e.message or "")
+                           and _new_size(e.message) > 1 for e in pa_events)
+            deployed = any(e.reason == "ScalingReplicaSet" and "Scaled up" in (e.message or "")
+                           and _new_size(e.message) > 1 for e in dep_events)
+            return custom.get_namespaced_custom_object("autoscaling.aibrix.ai", "v1alpha1", namespace,
+                                                       "podautoscalers", name) if rescaled and deployed else None
+
+        try:
+            pa = wait_for("AIBrix's PodAutoscaler to scale the Deployment above 1 replica", scaled_up, 300, interval=2)
+        except pytest.fail.Exception as e:
+            # What AIBrix saw: its PodAutoscaler's status and the controller's own log tail.
             pa = custom.get_namespaced_custom_object("autoscaling.aibrix.ai", "v1alpha1", namespace,
                                                      "podautoscalers", name)
-            dep = apps.read_namespaced_deployment(name, namespace)
-            return pa if pa.get("status", {}).get("desiredScale", 0) > 1 and dep.spec.replicas > 1 else None
-
-        pa = wait_for("AIBrix's PodAutoscaler to scale the Deployment above 1 replica", scaled_up, 240, interval=2)
+            log = cluster.logs_dir / "aibrix-controllers.log"
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else "(no log)"
+            pytest.fail(f"{e}\nrequests sent {traffic.sent}; PodAutoscaler status {pa.get('status')}\n{tail}",
+                        pytrace=False)
         assert traffic.sent > 0
     st = pa["status"]
     conds = {c["type"]: c for c in st.get("conditions", [])}

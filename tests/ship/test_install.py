@@ -87,6 +87,25 @@ def _deployment_ready(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
     return dep if want >= 1 and ready >= want else None
 
 
+def _diagnosis(rel: Release) -> str:
+    """What a reader of a failed install needs: the operator pods and their log tails, the endpoint's
+    status, the apps namespace's pods and recent Events (the fixture's waits fail with this)."""
+    out = []
+    for pod in rel.operator_pods():
+        st = pod.get("status", {})
+        cs = [(c["name"], c.get("ready"), c.get("restartCount"), c.get("state")) for c in st.get("containerStatuses", [])]
+        out.append(f"operator pod {pod['metadata']['name']}: phase {st.get('phase')}, containers {cs}")
+        out += ["  " + line for line in rel.operator_log(pod["metadata"]["name"]).splitlines()[-25:]]
+    for what in (("get", "inferenceendpoint", rel.endpoint, "-o", "jsonpath={.status}"),
+                 ("get", "pods", "-o", "wide"),
+                 ("get", "events", "--sort-by=.lastTimestamp")):
+        proc = rel.kube.kubectl(*what, "-n", rel.apps_namespace, check=False)
+        out.append(f"kubectl {' '.join(what)}:\n{proc.stdout[-3000:]}{proc.stderr[-500:]}")
+    proc = rel.kube.kubectl("get", "events", "--sort-by=.lastTimestamp", "-n", rel.namespace, check=False)
+    out.append(f"events in {rel.namespace}:\n{proc.stdout[-2000:]}")
+    return "\n".join(out)
+
+
 @pytest.fixture(scope="module")
 def release(local_cluster) -> Iterator[Release]:
     kubectl = find_tool("kubectl", local_cluster.bin_dir)
@@ -128,16 +147,19 @@ def release(local_cluster) -> Iterator[Release]:
         kube.kubectl("apply", "-n", rel.apps_namespace, "-f", str(SAMPLE))
         # Reconciled = a serving replica is Ready behind the Service (the model load takes a while on a
         # busy 2-core machine, hence the generous bound).
-        _wait(
-            f"Deployment {rel.endpoint} ready",
-            lambda: _deployment_ready(kube, rel.apps_namespace, rel.endpoint),
-            timeout=240,
-        )
-        _wait(
-            f"a serving endpoint of {rel.endpoint}",
-            lambda: serving_addresses(kube, rel.apps_namespace, rel.endpoint),
-            timeout=120,
-        )
+        try:
+            _wait(
+                f"Deployment {rel.endpoint} ready",
+                lambda: _deployment_ready(kube, rel.apps_namespace, rel.endpoint),
+                timeout=300,
+            )
+            _wait(
+                f"a serving endpoint of {rel.endpoint}",
+                lambda: serving_addresses(kube, rel.apps_namespace, rel.endpoint),
+                timeout=120,
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{_diagnosis(rel)}") from None
         yield rel
     finally:
         # Best effort: the endpoint first (the operator must still run to release its finalizer).

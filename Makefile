@@ -65,8 +65,9 @@ cluster-down:
 	@if [ -x $(PY) ]; then bash scripts/netns.sh preheat-dev $(PY) -m preheat_cluster down; else echo "no venv: nothing started"; fi
 	-@ip netns del preheat-dev 2>/dev/null || true
 
-shell:
-	KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$(PREHEAT_CACHE)/bin:$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/netns.sh preheat-dev bash
+# The cluster's state dir is the launcher's default (.cluster/, or a short /tmp dir for a deep checkout).
+shell: setup
+	KUBECONFIG=$$($(PY) -c 'from preheat_cluster.launcher import default_state_dir; print(default_state_dir())')/kubeconfig PATH=$(PREHEAT_CACHE)/bin:$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/netns.sh preheat-dev bash
 
 # The demo's hpa mode runs the real HPA on prometheus-adapter (only that peer: seconds when cached).
 demo: setup binaries node-binaries images peers-hpa

@@ -199,6 +199,12 @@ def _under_load(kube_api, namespace: str, name: str, start: Callable[[], Any]) -
         yield traffic
 
 
+def _events(core: client.CoreV1Api, namespace: str, name: str, kind: str) -> list[client.CoreV1Event]:
+    """The Events about the object `kind`/`name` in `namespace`."""
+    return core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind={kind}").items
+
+
 def _new_size(message: str | None) -> int:
     """The replica count in "New size: 2; reason: ..." (AIBrix) or "Scaled up replica set X from 1 to 2"
     / "... to 2" (the Deployment controller); 0 when the message has none."""
@@ -283,26 +289,23 @@ def test_keda_scaledobject_scales_model_server_on_preheats_rate_query(local_clus
 
 def test_aibrix_podautoscaler_scales_model_server_on_vllm_num_requests_running(
         local_cluster, kube_api, namespace) -> None:
-    from preheat_cluster.peers_aibrix import pod_autoscaler, start_aibrix
+    from preheat_cluster.peers_aibrix import AIBRIX, pod_autoscaler, start_aibrix
+    from preheat_cluster.procs import log_tail
 
     cluster = _cluster(local_cluster)
     name = "aibrix-tiny"
-    custom = client.CustomObjectsApi(kube_api)
+    core, custom = client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api)
     # Three closed-loop clients on one replica keep about 2 requests running (the tiny model's batch):
     # twice the target of 1 per replica, which AIBrix's KPA answers by scaling up.
     with _under_load(kube_api, namespace, name, lambda: start_aibrix(cluster)) as traffic:
         custom.create_namespaced_custom_object("autoscaling.aibrix.ai", "v1alpha1", namespace, "podautoscalers",
                                                pod_autoscaler(name, metric="num_requests_running", target="1"))
 
-        core = client.CoreV1Api(kube_api)
-
         def scaled_up() -> dict | None:
             # From the Events, not a sample of the state: the KPA may scale 1 -> 2 and back between two
             # polls (its panic window reacts within seconds), and the Events keep what it did.
-            pa_events = core.list_namespaced_event(
-                namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=PodAutoscaler").items
-            dep_events = core.list_namespaced_event(
-                namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=Deployment").items
+            pa_events = _events(core, namespace, name, "PodAutoscaler")
+            dep_events = _events(core, namespace, name, "Deployment")
             rescaled = any(e.reason == "SuccessfulRescale" and "above target" in (e.message or "")
                            and _new_size(e.message) > 1 for e in pa_events)
             deployed = any(e.reason == "ScalingReplicaSet" and "Scaled up" in (e.message or "")
@@ -316,8 +319,7 @@ def test_aibrix_podautoscaler_scales_model_server_on_vllm_num_requests_running(
             # What AIBrix saw: its PodAutoscaler's status and the controller's own log tail.
             pa = custom.get_namespaced_custom_object("autoscaling.aibrix.ai", "v1alpha1", namespace,
                                                      "podautoscalers", name)
-            log = cluster.logs_dir / "aibrix-controllers.log"
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else "(no log)"
+            tail = log_tail(cluster.logs_dir / f"{AIBRIX}.log", 40)
             pytest.fail(f"{e}\nrequests sent {traffic.sent}; PodAutoscaler status {pa.get('status')}\n{tail}",
                         pytrace=False)
         assert traffic.sent > 0
@@ -327,8 +329,7 @@ def test_aibrix_podautoscaler_scales_model_server_on_vllm_num_requests_running(
           f"conditions {[(c['type'], c['status'], c['reason']) for c in conds.values()]}, "
           f"history {st.get('scalingHistory')}")
     assert conds["AbleToScale"]["status"] == "True", conds
-    events = client.CoreV1Api(kube_api).list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=PodAutoscaler").items
+    events = _events(core, namespace, name, "PodAutoscaler")
     print("AIBrix events:", [(e.reason, e.message) for e in events])
     # "New size: N; reason: ..." from its reconcile, after an AlgorithmRun on the scraped metric.
     assert any(e.reason == "SuccessfulRescale" and "above target" in (e.message or "") for e in events), \

@@ -16,8 +16,10 @@ from preheat.scaling.policy import (
     decide,
     decide_panic,
     lead_time_s,
+    noise_sigma,
     quantile,
     replicas_needed,
+    stabilization_window_s,
 )
 
 # One replica carries 10 signal units at full utilization: needs are easy to read.
@@ -103,6 +105,58 @@ def test_scale_down_waits_for_the_stabilization_window_then_respects_max_rate() 
     later = [d.serving for d in after_drop if d.time_s - 45.0 >= 300.0]
     assert later[:5] == [10, 5, 2, 1, 1]
     assert any("max scale-down rate" in d.detail for d in after_drop)
+
+
+def _serving_on_a_ramp_down(cfg: PolicyConfig) -> int:
+    """Serving after 15 minutes of a steady ramp down (400 - 3 per 15 s, the forecast following the
+    signal): with the window's hold, the need of the signal one window ago."""
+    state, current = PolicyState(), 40
+    for i in range(61):
+        v = 400.0 - 3.0 * i
+        d, state = decide(cfg, state, obs(i * 15.0, v, current), v, v)
+        current = d.serving
+    assert d.reason == Reason.STABILIZATION
+    return current
+
+
+def test_forecasting_holds_two_lead_times_and_the_noise_floor_replaces_hpas_300s() -> None:
+    """The window is two lead times when forecasting; HPA's 300 s floor under it only where the noise
+    floor is off. A steady ramp's drop (no noise around its line) is given back after two lead times."""
+    lead = lead_time_s(BASE, [])  # default 60 s cold start + interval + the signal's lag = 120 s
+    assert 2.0 * lead < 300.0 and BASE.scale_down_noise_sigmas == 3.0
+    assert stabilization_window_s(BASE, lead) == 2.0 * lead
+    off = BASE.with_(scale_down_noise_sigmas=0.0)
+    assert stabilization_window_s(off, lead) == 300.0
+    assert stabilization_window_s(BASE.with_(trend_window_s=0.0), lead) == 300.0  # no samples to test
+    assert stabilization_window_s(BASE.with_(forecasting=False), lead) == 300.0
+    assert stabilization_window_s(BASE, 360.0) == stabilization_window_s(off, 360.0) == 720.0
+    assert stabilization_window_s(BASE.with_(horizon_override_s=10.0), 10.0) == BASE.stable_window_s
+    # on a steady ramp (its samples lie on their line: no noise) the hold is two lead times, not 300 s
+    assert _serving_on_a_ramp_down(BASE) == replicas_needed(400.0 - 3.0 * (60 - 2.0 * lead / 15.0), BASE) == 27
+    assert _serving_on_a_ramp_down(off) == replicas_needed(400.0 - 3.0 * (60 - 300.0 / 15.0), BASE) == 28
+
+
+def test_the_noise_floor_holds_a_dip_within_the_noise_and_gives_back_a_drop_beyond_it() -> None:
+    """No recommendation in the window is above the new need; what decides is the signal's recent noise."""
+    def after(history: list[float], value: float, cfg: PolicyConfig = BASE):
+        recent = tuple((i * 15.0, v) for i, v in enumerate(history))
+        state = PolicyState(last_serving=14, recent_signal=recent, last_data_s=recent[-1][0])
+        t = len(history) * 15.0 + 600.0  # the window's recommendations are long gone; the samples are not
+        state = replace(state, recent_signal=tuple((t - 15.0 * (len(history) - i), v) for i, v in enumerate(history)))
+        return decide(cfg, state, obs(t, value, 14), value, value)[0]
+
+    noisy = [100.0 + (40.0 if i % 2 else -40.0) for i in range(19)]  # sigma about 41 around the line
+    held = after(noisy, 90.0)
+    assert held.serving == 14 and held.reason == Reason.STABILIZATION, held.detail
+    assert "within 3 sigma" in held.detail
+    assert after(noisy, 90.0, BASE.with_(scale_down_noise_sigmas=0.0)).serving == 9  # off: the need
+    # a configured window is exactly that window (HPA's semantics): no noise floor under it
+    assert after(noisy, 90.0, BASE.with_(scale_down_stabilization_s=60.0)).serving == 9
+    quiet = [100.0 + (1.0 if i % 2 else -1.0) for i in range(19)]  # sigma about 1: 90 + 3 is beyond it
+    assert after(quiet, 90.0).serving == 10
+    assert after([200.0 - 6.0 * i for i in range(19)], 86.0).serving == 9  # on a clean ramp's line: no noise
+    assert noise_sigma([(0.0, 1.0), (15.0, 2.0), (30.0, 3.0)]) == 0.0  # a line is not noise
+    assert noise_sigma([(0.0, 5.0), (15.0, 5.0)]) == 0.0  # too few samples to say
 
 
 def test_scale_up_is_immediate() -> None:

@@ -459,8 +459,10 @@ class ScalingSpec(_Model):
     warm_pool: WarmPoolSpec = _sub(WarmPoolSpec)
     scale_down_stabilization_seconds: int | None = Field(
         default=None, ge=0, le=86400,
-        description="Scale-down stabilization window. Default: 300 s (HPA's), and when forecasting at least twice the "
-        "lead time (capacity given back costs a lead time of start-up and a lead time of unserved demand to get back).",
+        description="Scale-down stabilization window. Default: 300 s (HPA's); when forecasting twice the lead time "
+        "(capacity given back costs a lead time of start-up and a lead time of unserved demand to get back), with a "
+        "noise floor instead of HPA's 300 s: a scale-down goes no lower than the signal plus 3 standard deviations "
+        "of its noise needs. A value set here is exactly the window, with no noise floor.",
     )
     scale_to_zero: bool = False
     interval_seconds: float = Field(

@@ -11,8 +11,10 @@ from preheat.scaling.policy.decide import (
     decide_panic,
     is_valid_signal,
     lead_time_s,
+    noise_sigma,
     quantile,
     replicas_needed,
+    stabilization_window_s,
 )
 from preheat.scaling.policy.types import Decision, Observation, PolicyConfig, PolicyState, Reason
 
@@ -27,6 +29,8 @@ __all__ = [
     "decide_panic",
     "is_valid_signal",
     "lead_time_s",
+    "noise_sigma",
     "quantile",
     "replicas_needed",
+    "stabilization_window_s",
 ]

@@ -56,7 +56,8 @@ class PolicyConfig:
     panic_threshold: float = 2.0
     max_scale_up_rate: float = 1000.0
     # Scale-down stabilization window (HPA's rule: the highest recommendation within it wins). None:
-    # HPA's 300 s, and when forecasting at least twice the lead time (decide.stabilization_window_s).
+    # HPA's 300 s; when forecasting twice the lead time (at least 300 s without the noise floor below;
+    # decide.stabilization_window_s).
     scale_down_stabilization_s: float | None = None
     max_scale_down_rate: float = 2.0
     warm_pool_min: int = 0
@@ -98,6 +99,11 @@ class PolicyConfig:
     # hedge against a surge the season does not hold that the scale-down window does not hold (warm
     # margin instead where a warm replica pays; decide._forecast_with_trend). 0: off.
     trend_window_s: float = 300.0
+    # A scale-down below what serves goes no lower than the need at the signal (or the forecast) plus
+    # this many standard deviations of the signal's noise around its short trend (Shewhart's 3 sigma:
+    # a dip within the noise is not evidence that demand fell). It replaces HPA's 300 s floor under
+    # the default forecasting window; a configured window has none (decide.noise_floor_on). 0: off.
+    scale_down_noise_sigmas: float = 3.0
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -136,6 +142,7 @@ class PolicyConfig:
         finite("warm_cost_fraction", 0.0, lo_open=True)
         finite("scrape_interval_s", 0.0)
         finite("trend_window_s", 0.0)
+        finite("scale_down_noise_sigmas", 0.0)
         if not out:
             if self.target_utilization > 1.0:
                 out.append(f"target_utilization must be <= 1, got {self.target_utilization!r}")

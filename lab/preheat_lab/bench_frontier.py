@@ -240,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_table(out_dir: Path) -> str:
-    """frontier.md from every frontier-*.json in `out_dir` (runs may be split across processes)."""
-    docs = [json.loads(p.read_text()) for p in out_dir.glob("frontier-*.json")]
+    """frontier.md from every frontier-*.json in `out_dir` this benchmark wrote (runs may be split across
+    processes); a plain `preheat frontier --json` beside them (one trace, no `trace_key`) is not a row."""
+    docs = [d for d in (json.loads(p.read_text()) for p in out_dir.glob("frontier-*.json")) if "trace_key" in d]
     order = {k: i for i, k in enumerate(TRACES)}
     colds = {k: i for i, k in enumerate(COLDS)}
     docs.sort(key=lambda d: (order.get(d["trace_key"], 99), colds.get(d["cold_key"], 99)))

@@ -135,3 +135,25 @@ def test_oracle_reaches_an_slo_wherever_the_fixed_fleet_does_at_a_300s_cold_star
     for target in (f"{t:g}" for t in SLO_TARGETS):
         if res["fixed"]["cost_at_slo"][target] is not None:
             assert res["oracle"]["cost_at_slo"][target] is not None, (excerpt, target)
+
+
+def test_repeat_days_shifts_each_copy_by_a_day_and_rejects_what_is_not_one_day(tmp_path):
+    from preheat_lab.repeat_days import DAY_S, repeat_days
+
+    src = tmp_path / "day.csv"
+    src.write_text("t_s,total_rate_rps,rate_weighted_cv\n0,2.5,1.5\n43200,4.0,2.0\n", encoding="utf-8")
+    dst = tmp_path / "week.csv"
+    assert repeat_days(src, dst, 3) == 6
+    assert repeat_days(src, tmp_path / "fortnight.csv", 14) == 28  # plain seconds, never 1.2e+06
+    assert (tmp_path / "fortnight.csv").read_text(encoding="utf-8").splitlines()[-1] == "1166400,4.0,2.0"
+    lines = dst.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "t_s,total_rate_rps,rate_weighted_cv"
+    assert [line.split(",")[0] for line in lines[1:]] == ["0", "43200", "86400", "129600", "172800", "216000"]
+    assert lines[3:5] == ["86400,2.5,1.5", "129600,4.0,2.0"]  # every other column is copied as it was
+    assert load_trace(str(dst)).describe().startswith("week.csv")  # the simulator reads it
+    late = tmp_path / "late.csv"
+    late.write_text(f"t_s,total_rate_rps\n{DAY_S},1.0\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="within one day"):
+        repeat_days(late, tmp_path / "x.csv", 2)
+    with pytest.raises(ValueError, match="--days"):
+        repeat_days(src, tmp_path / "x.csv", 0)

@@ -16,7 +16,7 @@ import csv
 import sys
 from pathlib import Path
 
-DAY_S = 86_400
+from preheat.scaling.forecast import DAY_S
 
 
 def repeat_days(src: Path, dst: Path, days: int) -> int:
@@ -31,7 +31,7 @@ def repeat_days(src: Path, dst: Path, days: int) -> int:
         raise ValueError(f"{src}: expected a CSV series with a t_s column and at least one row")
     times = [float(r["t_s"]) for r in rows]
     if min(times) < 0 or max(times) >= DAY_S:
-        raise ValueError(f"{src}: t_s must lie within one day [0, {DAY_S}) to be repeated daily")
+        raise ValueError(f"{src}: t_s must lie within one day [0, {DAY_S:g}) to be repeated daily")
     with dst.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()

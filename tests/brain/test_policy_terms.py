@@ -139,10 +139,10 @@ def test_forecasting_holds_two_lead_times_and_the_noise_floor_replaces_hpas_300s
 def test_the_noise_floor_holds_a_dip_within_the_noise_and_gives_back_a_drop_beyond_it() -> None:
     """No recommendation in the window is above the new need; what decides is the signal's recent noise."""
     def after(history: list[float], value: float, cfg: PolicyConfig = BASE):
-        recent = tuple((i * 15.0, v) for i, v in enumerate(history))
-        state = PolicyState(last_serving=14, recent_signal=recent, last_data_s=recent[-1][0])
-        t = len(history) * 15.0 + 600.0  # the window's recommendations are long gone; the samples are not
-        state = replace(state, recent_signal=tuple((t - 15.0 * (len(history) - i), v) for i, v in enumerate(history)))
+        # The samples of the last few minutes, one every 15 s up to now; no recommendation in the window.
+        t = 1000.0
+        recent = tuple((t - 15.0 * (len(history) - i), v) for i, v in enumerate(history))
+        state = PolicyState(last_serving=14, recent_signal=recent, last_data_s=t - 15.0)
         return decide(cfg, state, obs(t, value, 14), value, value)[0]
 
     noisy = [100.0 + (40.0 if i % 2 else -40.0) for i in range(19)]  # sigma about 41 around the line

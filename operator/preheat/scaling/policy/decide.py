@@ -292,9 +292,10 @@ def _noise_floor(config: PolicyConfig, recent: Sequence[tuple[float, float]], ne
     The noise is measured on the short trend's samples (the stable-window signal over the last
     `trend_window_s`), around their line. This is what HPA's 300 s floor under the window did on noisy
     traffic, without holding every real step down of smooth traffic for minutes. Measured on the
-    frontier (99 %, U interpolated, against the best baseline; README "The noise floor"): m-small 30 s
-    2.9 % -> 2.5 % above KPA, m-mid 30 s 0.7 % -> 1.7 % below AIBrix, mooncake 30 s 0.2 % -> 0.6 % below,
-    deepseek-r1 30 s 1.6 % -> 1.4 % below (at 2 sigma it was 0.9 % above: noise dips given back)."""
+    frontier (99 %, U interpolated, against the best baseline; README "A noise floor instead of HPA's
+    300 s"): m-small 30 s 2.9 % -> 2.5 % above KPA, m-mid 30 s 0.7 % -> 1.7 % below AIBrix, mooncake
+    30 s 0.2 % -> 0.6 % below, deepseek-r1 30 s 1.6 % -> 1.4 % below (at 2 sigma it was 0.9 % above:
+    noise dips given back)."""
     if serving >= current or not noise_floor_on(config):
         return serving, reason
     sigma = noise_sigma(recent)

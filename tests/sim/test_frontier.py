@@ -77,6 +77,36 @@ def test_simulate_runs_the_spec_it_is_given_and_rejects_a_bad_one(tmp_path, caps
     assert "minReplicas must be <= scaling.maxReplicas" in capsys.readouterr().err
 
 
+def test_simulate_reads_the_signal_over_the_spec_rate_windows(tmp_path):
+    """The simulated operator queries rate() over its spec's prometheus.window, as the real one does: a
+    step in demand shows in full one minute after it with "1m" and five minutes after it with "5m" (the
+    panic window is never shorter than two scrapes)."""
+    from preheat.controller.spec import parse_spec
+    from preheat.sim.preheat_policy import PreheatPolicy
+    from preheat.sim.run import simulate
+
+    w = prepare_workload(load_trace(write_series(tmp_path / "s.csv", [100.0] * 6 + [300.0] * 6)),
+                         SimSettings(capacity_rps=50.0))
+    full_s = 3900.0  # the fluid model ramps between window centres: 300 req/s from the 7th one on
+
+    def full_step_seen(window: str) -> tuple[float, PreheatPolicy]:
+        spec = parse_spec({"model": {"builtin": "tiny"}, "prometheus": {"window": window}})
+        policy = PreheatPolicy(w, load_cold_start("60"), spec=spec)
+        seen: list[tuple[float, float]] = []
+        decide = policy.decide
+        policy.decide = lambda obs: (seen.append((obs.time_s, obs.value)), decide(obs))[1]  # type: ignore[method-assign]
+        simulate(w, policy, load_cold_start("60"), SimSettings(capacity_rps=50.0))
+        return next(t for t, v in seen if v is not None and v >= 299.0), policy
+
+    one, p1 = full_step_seen("1m")
+    five, p5 = full_step_seen("5m")
+    assert (p1.metrics.window_s, p5.metrics.window_s) == (60.0, 300.0)
+    assert p1.metrics.panic_window_s == 30.0  # the default 20 s panic window: two 15 s scrapes
+    # (a scrape reads the window that ended up to 15 s before it, and 299 of 300 is seen a little early)
+    assert full_s + 30.0 <= one < full_s + 120.0
+    assert full_s + 270.0 <= five < full_s + 360.0
+
+
 def test_interpolated_cost_reads_the_curve_between_grid_points():
     from preheat_lab.bench_frontier import interpolated_cost
 

@@ -12,12 +12,13 @@ model server's slots on per-request traces, and what a warm replica costs (--war
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from preheat.scaling.from_spec import autoscaler_from_spec, policy_config
-from preheat.scaling.policy import Decision, Observation
-from preheat.sim.baselines import PROMETHEUS, SimContext
+from preheat.scaling.policy import Decision, Observation, PolicyConfig
+from preheat.sim.baselines import PROMETHEUS, MetricView, SimContext
 from preheat.sim.traces import ColdStartModel
 
 if TYPE_CHECKING:
@@ -53,6 +54,15 @@ def load_spec(path: str | Path) -> InferenceEndpointSpec:
         return parse_spec(body)
     except Exception as e:  # pydantic's ValidationError: the same words a rejected CR gets
         raise ValueError(f"--spec {path}: {describe_error(e)}") from None
+
+
+def metric_view(config: PolicyConfig) -> MetricView:
+    """The signal as the operator's queries read it: `rate()` over the spec's windows (prometheus.window,
+    prometheus.panicWindow) at the scrape interval the policy assumes, so `--spec` with another window
+    simulates that window. A panic window shorter than two scrapes reads as two: the shortest rate()
+    Prometheus can compute (the default 20 s panic window at a 15 s scrape is 30 s, as for HPA)."""
+    return replace(PROMETHEUS, scrape_s=config.scrape_interval_s, window_s=config.stable_window_s,
+                   panic_window_s=max(config.panic_window_s, 2.0 * config.scrape_interval_s))
 
 
 class PreheatPolicy:
@@ -92,6 +102,7 @@ class PreheatPolicy:
         except TypeError as e:  # an unknown --preheat key
             raise ValueError(f"--preheat: {e}") from None
         self.config = config
+        self.metrics = metric_view(config)
         self.interval_s = config.decision_interval_s
         # The fast panic path between decisions (per-request traces: it reads the queue gauges).
         self.panic_interval_s = config.panic_interval_s

@@ -15,6 +15,7 @@ from preheat.scaling.policy import (
     cold_start_s,
     decide,
     decide_panic,
+    hold_lead_times,
     lead_time_s,
     noise_sigma,
     quantile,
@@ -134,6 +135,22 @@ def test_forecasting_holds_two_lead_times_and_the_noise_floor_replaces_hpas_300s
     # on a steady ramp (its samples lie on their line: no noise) the hold is two lead times, not 300 s
     assert _serving_on_a_ramp_down(BASE) == replicas_needed(400.0 - 3.0 * (60 - 2.0 * lead / 15.0), BASE) == 27
     assert _serving_on_a_ramp_down(off) == replicas_needed(400.0 - 3.0 * (60 - 300.0 / 15.0), BASE) == 28
+
+
+def test_the_more_headroom_the_user_buys_the_longer_a_replica_is_held() -> None:
+    """The window is 1 + 1/U lead times: two at U = 1, three at U = 0.5 (demand a replica cannot serve
+    while it comes back is priced at the 1/U replicas the user pays to serve it safely)."""
+    lead = lead_time_s(BASE, [])
+    half = BASE.with_(target_utilization=0.5, max_replicas=100)
+    assert hold_lead_times(BASE) == 2.0 and hold_lead_times(half) == 3.0
+    assert stabilization_window_s(half, lead) == 3.0 * lead
+    assert stabilization_window_s(half.with_(scale_down_noise_sigmas=0.0), 360.0) == 3.0 * 360.0
+    assert stabilization_window_s(half.with_(scale_down_stabilization_s=60.0), lead) == 60.0  # as configured
+    # on the same steady ramp down, at U = 0.5 serving is what the signal needed (at twice the replicas)
+    # at the oldest decision still in the window: 23 decisions of 15 s ago (the one exactly three lead
+    # times old has left it), not 15 as at U = 1
+    assert _serving_on_a_ramp_down(half) == replicas_needed(400.0 - 3.0 * (60 - 3.0 * lead / 15.0 + 1), half) == 58
+    assert _serving_on_a_ramp_down(half.with_(target_utilization=1.0)) == 27
 
 
 def test_the_noise_floor_holds_a_dip_within_the_noise_and_gives_back_a_drop_beyond_it() -> None:

@@ -459,8 +459,9 @@ class ScalingSpec(_Model):
     warm_pool: WarmPoolSpec = _sub(WarmPoolSpec)
     scale_down_stabilization_seconds: int | None = Field(
         default=None, ge=0, le=86400,
-        description="Scale-down stabilization window. Default: 300 s (HPA's); when forecasting twice the lead time "
-        "(capacity given back costs a lead time of start-up and a lead time of unserved demand to get back), with a "
+        description="Scale-down stabilization window. Default: 300 s (HPA's); when forecasting 1 + 1/U lead times, U "
+        "the target utilization: two at U = 1 (capacity given back costs a lead time of start-up and a lead time of "
+        "unserved demand to get back, that demand priced at the 1/U replicas that serve it with the headroom), with a "
         "noise floor instead of HPA's 300 s: a scale-down goes no lower than the signal plus 3 standard deviations "
         "of its noise needs. A value set here is exactly the window, with no noise floor.",
     )

@@ -56,8 +56,8 @@ class PolicyConfig:
     panic_threshold: float = 2.0
     max_scale_up_rate: float = 1000.0
     # Scale-down stabilization window (HPA's rule: the highest recommendation within it wins). None:
-    # HPA's 300 s; when forecasting twice the lead time (at least 300 s without the noise floor below;
-    # decide.stabilization_window_s).
+    # HPA's 300 s; when forecasting 1 + 1/U lead times (two at U = 1; at least 300 s without the noise
+    # floor below; decide.stabilization_window_s, decide.hold_lead_times).
     scale_down_stabilization_s: float | None = None
     max_scale_down_rate: float = 2.0
     warm_pool_min: int = 0

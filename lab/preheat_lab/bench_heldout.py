@@ -1,0 +1,157 @@
+"""`make bench-heldout` (lab: `preheat_lab.bench_heldout`): the frontier on traffic the policy was not tuned on.
+
+The frontier table (`make bench-frontier`) runs the traces the policy was developed against, each with a
+replica sized so the peak needs 20 at U = 0.7. A platform engineer's traffic differs: a small endpoint
+of a few replicas (where one replica is a quarter of the fleet), a large one of dozens (where the
+signal's relative noise is small), a serverless service with idle spans (where Knative and KEDA scale to
+zero by default and Preheat's default keeps one replica). This benchmark reruns `preheat frontier`, every
+policy at its defaults, on such variants of the shared traces and reports Preheat's margin against the
+best baseline at each SLO, on the 0.1 grid of U and interpolated between its points. Nothing here was
+tuned: it measures where the policy does not win, too.
+
+    python -m preheat_lab.bench_heldout --out bench-results/heldout.json [--only deepseek-r1-idle]
+
+Variants (warm cost 1.0, cold start 30 s and 300 s):
+- `<trace>-peak4` / `<trace>-peak40`: the trace as is, a replica sized so its peak needs 4 (40) at U = 0.7
+  (`--peak-replicas`), for deepseek-r1 (one day, 10-minute windows with their CV), mooncake (one hour of
+  requests) and m-small (14 days; peak 40 only);
+- `deepseek-r1-idle`: deepseek-r1 with every window below half its peak rate set to zero (a service idle
+  outside its busy hours: 112 of 144 windows); `deepseek-r1-idle-stz`: the same with Preheat's scale to
+  zero on (`minReplicas: 0`, `scaleToZero: true`), as a user of such traffic would set it (Knative's KPA
+  and KEDA scale to zero by default; the oracle keeps one replica).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from preheat.sim import cli
+from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
+from preheat.sim.run import POLICY_NAMES, prepare_workload
+from preheat.sim.traces import load_cold_start, load_trace
+
+from preheat_lab.bench_frontier import rows
+from preheat_lab.bench_sim import TRACES, default_traces_dir
+
+COLDS = ("30", "300")
+IDLE_BELOW = 0.5  # of the peak window's rate: windows below it are idle in the idle variant
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    trace_key: str
+    peak_replicas: int = 20
+    idle: bool = False
+    preheat: tuple[str, ...] = ()  # `--preheat KEY=VALUE` settings a user of this traffic would choose
+
+    def describe(self) -> str:
+        if self.idle:
+            user = f"; Preheat with {', '.join(self.preheat)}" if self.preheat else ""
+            return f"{self.trace_key}, windows below {IDLE_BELOW:g} x its peak rate set to zero{user}"
+        return f"{self.trace_key}, a replica sized so the peak needs {self.peak_replicas} at U = 0.7"
+
+
+VARIANTS = (
+    Variant("deepseek-r1-peak4", "deepseek-r1", 4),
+    Variant("deepseek-r1-peak40", "deepseek-r1", 40),
+    Variant("mooncake-peak4", "mooncake", 4),
+    Variant("mooncake-peak40", "mooncake", 40),
+    Variant("m-small-peak40", "m-small", 40),
+    Variant("deepseek-r1-idle", "deepseek-r1", idle=True),
+    Variant("deepseek-r1-idle-stz", "deepseek-r1", idle=True, preheat=("min_replicas=0", "scale_to_zero=true")),
+)
+
+
+def idle_copy(src: Path, out: Path) -> Path:
+    """`src` (a t_s,total_rate_rps series) with every window below IDLE_BELOW x its peak set to zero."""
+    with src.open(newline="") as f:
+        data = list(csv.DictReader(f))
+    peak = max(float(r["total_rate_rps"]) for r in data)
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(data[0]))
+        w.writeheader()
+        for r in data:
+            w.writerow(r | {"total_rate_rps": "0"} if float(r["total_rate_rps"]) < IDLE_BELOW * peak else r)
+    return out
+
+
+def run_variant(v: Variant, path: Path, cold_arg: str) -> dict[str, Any]:
+    argv = ["--trace", str(path), "--cold-start", cold_arg, "--peak-replicas", str(v.peak_replicas),
+            *(a for kv in v.preheat for a in ("--preheat", kv))]
+    settings = cli.settings_from(cli.parser().parse_args(argv))
+    trace = load_trace(str(path))
+    w = prepare_workload(trace, settings)
+    started = time.process_time()
+    policies = sweep(w, load_cold_start(cold_arg), settings, list(POLICY_NAMES), UTILIZATIONS, SLO_TARGETS)
+    return {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "fleet": w.describe(),
+            "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
+            "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started}
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["| variant | cold start | SLO | Preheat h | best baseline h | on the grid | U interpolated | Preheat / oracle |",
+             "|---|---|---|---:|---:|---|---|---:|"]
+    for r in results:
+        for target, row in r["rows"].items():
+            best = row["best_baseline"]
+            pre = row["cost"]["preheat"]
+
+            def margin(m: float | None, name: str | None) -> str:
+                if name is None:
+                    return "no baseline reaches it"
+                return "Preheat does not reach it" if m is None else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {name}"
+
+            ip = row["interpolated"]
+            ratio = row["preheat_vs_oracle"]
+            best_h = "—" if best is None else f"{row['cost'][best] / 3600:.1f} ({best})"
+            lines.append(
+                f"| {r['variant']} | {r['cold_start_s']:g} s | {100 * float(target):g} % | "
+                f"{'—' if pre is None else f'{pre / 3600:.1f}'} | "
+                f"{best_h} | "
+                f"{margin(row['margin_vs_best'], best)} | {margin(ip['margin_vs_best'], ip['best_baseline'])} | "
+                f"{'—' if ratio is None else f'{ratio:.2f}×'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m preheat_lab.bench_heldout", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench-results/heldout.json")
+    ap.add_argument("--traces-dir", default=default_traces_dir())
+    ap.add_argument("--only", help="comma list of variant names")
+    args = ap.parse_args(argv)
+    tdir, out = Path(args.traces_dir), Path(args.out)
+    wanted = set(args.only.split(",")) if args.only else None
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in VARIANTS:
+            if wanted is not None and v.name not in wanted:
+                continue
+            path = tdir / TRACES[v.trace_key]
+            if not path.exists():
+                print(f"skipping {v.name}: {path} not found", file=sys.stderr)
+                continue
+            if v.idle:
+                path = idle_copy(path, Path(tmp) / f"{v.name}.csv")
+            for cold in COLDS:
+                print(f"== {v.name}, cold start {cold} s", flush=True)
+                results.append(run_variant(v, path, cold))
+    table = markdown(results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(cli._json_safe({"results": results, "machine": machine(),
+                                              "utilizations": list(UTILIZATIONS)}), indent=2))
+    out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,6 +27,10 @@ class MetricView:
     window_s: float = 60.0
     panic_window_s: float = 30.0  # two scrapes: the shortest rate() Prometheus can compute at 15 s
     delay_s: float = 5.0
+    # The signal is the model servers' own counters (Preheat's queries): with no pod to scrape there is
+    # no signal at all, as the operator sees it (no `up` target: NoMetrics, hold). Off: a signal that
+    # counts requests without a pod (Knative's activator, an ingress metric behind KEDA).
+    needs_pods: bool = False
 
 
 PROMETHEUS = MetricView()

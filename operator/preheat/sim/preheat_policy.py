@@ -60,9 +60,10 @@ def metric_view(config: PolicyConfig) -> MetricView:
     """The signal as the operator's queries read it: `rate()` over the spec's windows (prometheus.window,
     prometheus.panicWindow) at the scrape interval the policy assumes, so `--spec` with another window
     simulates that window. A panic window shorter than two scrapes reads as two: the shortest rate()
-    Prometheus can compute (the default 20 s panic window at a 15 s scrape is 30 s, as for HPA)."""
+    Prometheus can compute (the default 20 s panic window at a 15 s scrape is 30 s, as for HPA). The
+    queries read the model servers' own counters, so at zero pods there is no signal (`needs_pods`)."""
     return replace(PROMETHEUS, scrape_s=config.scrape_interval_s, window_s=config.stable_window_s,
-                   panic_window_s=max(config.panic_window_s, 2.0 * config.scrape_interval_s))
+                   panic_window_s=max(config.panic_window_s, 2.0 * config.scrape_interval_s), needs_pods=True)
 
 
 class PreheatPolicy:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -302,6 +302,9 @@ class _Recorder:
 def _observation(
     now: float, sig: _Signal, view: MetricView, pool: ReplicaPool, queue: float, running: float | None = None
 ) -> Observation:
+    if view.needs_pods and not pool.replicas:
+        # nothing to scrape: the operator's `count(up == 1)` is empty, its observation stale (NoMetrics)
+        return replace(_gauges(now, pool, queue, running), stale=True)
     stable, panic = sig.observe(now, view)
     return _gauges(now, pool, queue, running, value=stable, value_panic=panic)
 

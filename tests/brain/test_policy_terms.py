@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from preheat.scaling.policy import (
+    Decision,
     Observation,
     PolicyConfig,
     PolicyState,
@@ -301,6 +302,42 @@ def test_scale_to_zero_after_grace_unless_traffic_is_forecast() -> None:
     # scale to zero disabled: the floor is one replica
     decisions, _ = steps(cfg.with_(scale_to_zero=False), [20.0] + [0.0] * 8, current=2)
     assert decisions[-1].serving == 1
+
+
+def test_scale_to_zero_waits_for_a_forecaster_with_its_season() -> None:
+    """At zero pods nothing is scraped (no activator counts requests), so only the forecast brings the
+    endpoint back: a forecaster without its season forecasts the last level, zero, for ever."""
+    cfg = BASE.with_(min_replicas=0, scale_to_zero=True, scale_to_zero_grace_s=60.0, scale_down_stabilization_s=0.0)
+
+    def run(ready: bool) -> Decision:
+        state, current, d = PolicyState(), 2, None
+        for i, v in enumerate([20.0] + [0.0] * 8):
+            d, state = decide(cfg, state, obs(i * 15.0, v, current), 0.0, 0.0, ready=ready)
+            current = d.serving
+        return d
+
+    assert (run(True).serving, run(True).reason) == (0, Reason.SCALE_TO_ZERO)
+    waiting = run(False)
+    assert waiting.serving == 1 and "no season" in waiting.detail
+
+
+def test_at_zero_the_forecast_wakes_the_endpoint_by_the_test_that_put_it_there() -> None:
+    """At zero pods the observation is stale (nothing to scrape). A forecast of a sliver of a replica
+    (below the idle fraction that allowed zero) must not wake one: its first fresh sample is zero and it
+    goes straight back (it flapped every other decision in the simulator); a real forecast wakes it."""
+    cfg = BASE.with_(min_replicas=0, scale_to_zero=True, scale_to_zero_grace_s=60.0, scale_down_stabilization_s=0.0)
+    state, current = PolicyState(), 2
+    for i, v in enumerate([20.0] + [0.0] * 8):
+        d, state = decide(cfg, state, obs(i * 15.0, v, current), 0.0, 0.0)
+        current = d.serving
+    assert d.serving == 0
+    idle = 0.5 * cfg.idle_forecast_fraction * cfg.capacity_per_replica
+    stale = Observation(time_s=150.0, value=None, stale=True, current_serving=0)
+    asleep, _ = decide(cfg, state, stale, idle, idle)
+    assert (asleep.serving, asleep.reason) == (0, Reason.HOLD)
+    coming = 2.0 * cfg.capacity_per_replica
+    awake, _ = decide(cfg, state, stale, coming, coming)
+    assert awake.serving >= 2 and awake.reason == Reason.FORECAST
 
 
 def test_bounds_clamp_and_are_named() -> None:

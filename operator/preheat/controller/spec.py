@@ -465,7 +465,14 @@ class ScalingSpec(_Model):
         "noise floor instead of HPA's 300 s: a scale-down goes no lower than the signal plus 3 standard deviations "
         "of its noise needs. A value set here is exactly the window, with no noise floor.",
     )
-    scale_to_zero: bool = False
+    scale_to_zero: bool = Field(
+        default=False,
+        description="Allow minReplicas: 0. Preheat has no activator: at zero pods nothing serves or counts requests "
+        "(they are refused and its queries see no model server), so the endpoint goes to zero only while a "
+        "forecaster that has learned its season forecasts no traffic within the lead time, and comes back on that "
+        "forecast alone. Measured in the simulator (README, bench-heldout) on traffic with idle troughs it kept 51 % of "
+        "requests within the SLO at U 0.7 (Knative's KPA, with its activator: 99.75 %): keep minReplicas >= 1.",
+    )
     interval_seconds: float = Field(
         default=15.0, ge=1.0, le=600.0, description="Autoscaling loop period (decision interval)."
     )

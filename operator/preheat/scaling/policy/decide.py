@@ -223,7 +223,7 @@ def decide_measured(
     serving_queue = serving_recs.record(now, held_rec, window)
     serving, reason = _stabilize(config, serving_queue, now, window, recommendation, reason, current, notes)
     serving, reason = _noise_floor(config, recent, needs, fc, current, serving, reason, notes)
-    zero_since, to_zero = _scale_to_zero(config, state, now, needs, fc.upper, serving, in_panic, notes)
+    zero_since, to_zero = _scale_to_zero(config, state, now, needs, fc.upper, serving, in_panic, ready, notes)
     serving, reason = _bound(config, serving, reason, to_zero, notes)
 
     # What serves for the rate signals and the forecast (the window's held recommendations): replicas
@@ -492,10 +492,16 @@ def _stabilize(
 
 def _scale_to_zero(
     config: PolicyConfig, state: PolicyState, now: float, needs: _Needs, fu: float | None, serving: int,
-    in_panic: bool, notes: list[str],
+    in_panic: bool, ready: bool, notes: list[str],
 ) -> tuple[float | None, bool]:
     """(zero traffic since, scale to zero now): zero traffic for the grace period and no traffic
-    forecast within the lead time."""
+    forecast within the lead time, by a forecaster that has its season (`ready`).
+
+    Why the season: at zero pods there is nothing to scrape (the signal is the model servers' own
+    counters, and Preheat has no activator to hold and count requests), so the way back up is the
+    forecast alone. A forecaster without its season forecasts the last level, zero, for ever: the
+    endpoint would never wake (measured in the simulator, which sees no signal at zero pods either:
+    0 % SLO on deepseek-r1 with idle spans). One with a learned day brings it back ahead of the morning."""
     if not (config.scale_to_zero and config.min_replicas == 0):
         return None, False
     zero_since = state.zero_since
@@ -503,16 +509,23 @@ def _scale_to_zero(
         zero_since = now if zero_since is None else zero_since
     else:
         zero_since = None
-    idle_forecast = fu is None or fu < config.idle_forecast_fraction * config.capacity_per_replica
+    idle_forecast = ready and _idle_forecast(config, fu)
     if zero_since is not None and now - zero_since >= config.scale_to_zero_grace_s and idle_forecast:
         return zero_since, not in_panic
     if serving == 0 and zero_since is not None:
         notes.append(
             f"zero traffic for {now - zero_since:.0f}s of a {config.scale_to_zero_grace_s:g}s grace"
             if idle_forecast
+            else "the forecaster has no season yet: nothing would bring the endpoint back from zero"
+            if not ready or fu is None
             else f"forecast upper {_fmt(fu)} says traffic comes within the lead time"
         )
     return zero_since, False
+
+
+def _idle_forecast(config: PolicyConfig, fu: float | None) -> bool:
+    """The upper forecast over the lead time is below `idle_forecast_fraction` of one replica's capacity."""
+    return fu is not None and fu < config.idle_forecast_fraction * config.capacity_per_replica
 
 
 def _bound(config: PolicyConfig, serving: int, reason: Reason, to_zero: bool, notes: list[str]) -> tuple[int, Reason]:
@@ -725,7 +738,10 @@ def _hold(
         why = f"invalid time {obs.time_s!r}"
     serving = max(prev_serving, current)
     reason = Reason.HOLD
-    if forecast_term > serving:
+    # at zero the forecast wakes the endpoint by the same test that let it go there (else it flaps:
+    # a forecast of a fraction of a replica needs one, and the replica's first fresh sample is zero)
+    asleep = serving == 0 and config.scale_to_zero and _idle_forecast(config, fu)
+    if forecast_term > serving and not asleep:
         serving, reason = forecast_term, Reason.FORECAST
     lo = config.min_replicas if (config.scale_to_zero and serving == 0) else config.floor_replicas
     clamped = min(max(serving, lo), config.max_replicas)

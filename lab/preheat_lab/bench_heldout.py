@@ -11,14 +11,18 @@ tuned: it measures where the policy does not win, too.
 
     python -m preheat_lab.bench_heldout --out bench-results/heldout.json [--only deepseek-r1-idle]
 
+`--only` reruns those variants and keeps the other rows of an existing `--out` file.
+
 Variants (warm cost 1.0, cold start 30 s and 300 s):
 - `<trace>-peak4` / `<trace>-peak40`: the trace as is, a replica sized so its peak needs 4 (40) at U = 0.7
   (`--peak-replicas`), for deepseek-r1 (one day, 10-minute windows with their CV), mooncake (one hour of
   requests) and m-small (14 days; peak 40 only);
-- `deepseek-r1-idle`: deepseek-r1 with every window below half its peak rate set to zero (a service idle
-  outside its busy hours: 112 of 144 windows); `deepseek-r1-idle-stz`: the same with Preheat's scale to
-  zero on (`minReplicas: 0`, `scaleToZero: true`), as a user of such traffic would set it (Knative's KPA
-  and KEDA scale to zero by default; the oracle keeps one replica).
+- `deepseek-r1-idle`, `m-small-idle`: the trace with its quietest 40 % of windows set to zero (a service
+  idle in its troughs; m-small's are mostly nights, a pattern its 14 days let a forecaster learn);
+  `m-small-idle-stz`: the same with Preheat's scale to zero on (`minReplicas: 0`, `scaleToZero: true`),
+  as a user of such traffic would set it (Knative's KPA and KEDA scale to zero by default; the oracle
+  keeps one replica). At zero pods Preheat sees no signal (its queries read the model servers' own
+  counters and it has no activator): it wakes on the forecast alone.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from preheat_lab.bench_frontier import rows
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 COLDS = ("30", "300")
-IDLE_BELOW = 0.5  # of the peak window's rate: windows below it are idle in the idle variant
+IDLE_QUANTILE = 0.4  # the quietest 40 % of a trace's windows are idle in its idle variants
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Variant:
     def describe(self) -> str:
         if self.idle:
             user = f"; Preheat with {', '.join(self.preheat)}" if self.preheat else ""
-            return f"{self.trace_key}, windows below {IDLE_BELOW:g} x its peak rate set to zero{user}"
+            return f"{self.trace_key}, its quietest {IDLE_QUANTILE:.0%} of windows set to zero{user}"
         return f"{self.trace_key}, a replica sized so the peak needs {self.peak_replicas} at U = 0.7"
 
 
@@ -67,20 +71,23 @@ VARIANTS = (
     Variant("mooncake-peak40", "mooncake", 40),
     Variant("m-small-peak40", "m-small", 40),
     Variant("deepseek-r1-idle", "deepseek-r1", idle=True),
-    Variant("deepseek-r1-idle-stz", "deepseek-r1", idle=True, preheat=("min_replicas=0", "scale_to_zero=true")),
+    Variant("m-small-idle", "m-small", idle=True),
+    Variant("m-small-idle-stz", "m-small", idle=True, preheat=("min_replicas=0", "scale_to_zero=true")),
 )
 
 
 def idle_copy(src: Path, out: Path) -> Path:
-    """`src` (a t_s,total_rate_rps series) with every window below IDLE_BELOW x its peak set to zero."""
+    """`src` (a t_s,total_rate_rps series) with its quietest IDLE_QUANTILE of windows set to zero (the
+    troughs of a daily pattern become idle hours)."""
     with src.open(newline="") as f:
         data = list(csv.DictReader(f))
-    peak = max(float(r["total_rate_rps"]) for r in data)
+    rates = sorted(float(r["total_rate_rps"]) for r in data)
+    cut = rates[int(IDLE_QUANTILE * len(rates))]
     with out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(data[0]))
         w.writeheader()
         for r in data:
-            w.writerow(r | {"total_rate_rps": "0"} if float(r["total_rate_rps"]) < IDLE_BELOW * peak else r)
+            w.writerow(r | {"total_rate_rps": "0"} if float(r["total_rate_rps"]) < cut else r)
     return out
 
 
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m preheat_lab.bench_heldout", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench-results/heldout.json")
     ap.add_argument("--traces-dir", default=default_traces_dir())
-    ap.add_argument("--only", help="comma list of variant names")
+    ap.add_argument("--only", help="comma list of variant names (the other rows of --out are kept)")
     args = ap.parse_args(argv)
     tdir, out = Path(args.traces_dir), Path(args.out)
     wanted = set(args.only.split(",")) if args.only else None
@@ -144,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             for cold in COLDS:
                 print(f"== {v.name}, cold start {cold} s", flush=True)
                 results.append(run_variant(v, path, cold))
+    if wanted is not None and out.exists():  # --only reruns those variants and keeps the others' rows
+        kept = [r for r in json.loads(out.read_text())["results"] if r["variant"] not in wanted]
+        order = {v.name: i for i, v in enumerate(VARIANTS)}
+        results = sorted(kept + results, key=lambda r: (order.get(r["variant"], 99), r["cold_start_s"]))
     table = markdown(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(cli._json_safe({"results": results, "machine": machine(),

@@ -189,7 +189,7 @@ def markdown(docs: list[dict[str, Any]]) -> str:
                     else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {row['best_baseline']}")
                 lines.append(f"| {d['trace_key']} | {d['cold_key']} | {label} | {100 * float(target):g} % | "
                              + " | ".join(cells) + f" | {margin} | {'—' if r is None else f'{r:.2f}×'} | "
-                             + _margin_text(_interpolated(res, target)) + " |")
+                             + margin_text(_interpolated(res, target)) + " |")
     return "\n".join(lines)
 
 
@@ -198,7 +198,7 @@ def _interpolated(res: dict[str, Any], target: str) -> dict[str, Any]:
     return rows(res["policies"])[target]["interpolated"]
 
 
-def _margin_text(row: dict[str, Any]) -> str:
+def margin_text(row: dict[str, Any]) -> str:
     m, best = row["margin_vs_best"], row["best_baseline"]
     if best is None:
         return "no baseline reaches it"

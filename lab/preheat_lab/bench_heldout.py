@@ -42,7 +42,7 @@ from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 
-from preheat_lab.bench_frontier import rows
+from preheat_lab.bench_frontier import margin_text, rows
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 COLDS = ("30", "300")
@@ -109,22 +109,12 @@ def markdown(results: list[dict[str, Any]]) -> str:
              "|---|---|---|---:|---:|---|---|---:|"]
     for r in results:
         for target, row in r["rows"].items():
-            best = row["best_baseline"]
-            pre = row["cost"]["preheat"]
-
-            def margin(m: float | None, name: str | None) -> str:
-                if name is None:
-                    return "no baseline reaches it"
-                return "Preheat does not reach it" if m is None else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {name}"
-
-            ip = row["interpolated"]
-            ratio = row["preheat_vs_oracle"]
+            best, pre, ratio = row["best_baseline"], row["cost"]["preheat"], row["preheat_vs_oracle"]
             best_h = "—" if best is None else f"{row['cost'][best] / 3600:.1f} ({best})"
             lines.append(
                 f"| {r['variant']} | {r['cold_start_s']:g} s | {100 * float(target):g} % | "
-                f"{'—' if pre is None else f'{pre / 3600:.1f}'} | "
-                f"{best_h} | "
-                f"{margin(row['margin_vs_best'], best)} | {margin(ip['margin_vs_best'], ip['best_baseline'])} | "
+                f"{'—' if pre is None else f'{pre / 3600:.1f}'} | {best_h} | "
+                f"{margin_text(row)} | {margin_text(row['interpolated'])} | "
                 f"{'—' if ratio is None else f'{ratio:.2f}×'} |")
     return "\n".join(lines)
 

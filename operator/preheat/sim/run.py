@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -304,17 +304,17 @@ def _observation(
 ) -> Observation:
     if view.needs_pods and not pool.replicas:
         # nothing to scrape: the operator's `count(up == 1)` is empty, its observation stale (NoMetrics)
-        return replace(_gauges(now, pool, queue, running), stale=True)
+        return _gauges(now, pool, queue, running, stale=True)
     stable, panic = sig.observe(now, view)
     return _gauges(now, pool, queue, running, value=stable, value_panic=panic)
 
 
 def _gauges(now: float, pool: ReplicaPool, queue: float, running: float | None,
-            value: float | None = None, value_panic: float | None = None) -> Observation:
+            value: float | None = None, value_panic: float | None = None, stale: bool = False) -> Observation:
     """Pod counts and the model server's gauges; the rate signal only when a full decision reads it
     (the fast panic path reads the gauges alone)."""
     return Observation(
-        time_s=now, value=value, value_panic=value_panic, stale=False,
+        time_s=now, value=value, value_panic=value_panic, stale=stale,
         serving_ready=pool.serving_ready, warm_ready=pool.warm_ready, starting=pool.starting,
         current_serving=pool.observed_serving, cold_start_samples_s=tuple(pool.observed_cold_starts), queue=queue,
         running=running,

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("preheat.capacity", "capacity planner: memory by precision, replicas, cost per token"),
     "operator": ("preheat.controller.cli", "run the Kopf operator"),
     "crd": ("preheat.controller.crd", "print the InferenceEndpoint CRD generated from the spec models"),
+    "activator": ("preheat.activator", "hold and count requests of an endpoint at zero, then forward them"),
 }
 
 

@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="ignore forecasts and keep no warm pool (baseline for comparisons)")
     p.add_argument("--interval", type=float, default=None,
                    help="override every endpoint's scaling.intervalSeconds (tests, demos)")
+    p.add_argument("--activator-image", default=os.environ.get("PREHEAT_ACTIVATOR_IMAGE") or None,
+                   help="image of the activator pods that hold requests of scale-to-zero endpoints "
+                        "(default: preheat/operator:<operator version>; the chart passes its own operator image)")
     p.add_argument("--log-format", choices=("json", "plain"), default="json")
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics.serve(args.metrics_port, args.metrics_addr)
     memo = kopf.Memo(
         credentials=creds,
-        controller=Controller(Options(args.prometheus_url, args.reactive_only, args.interval, identity)),
+        controller=Controller(Options(args.prometheus_url, args.reactive_only, args.interval, identity,
+                                      args.activator_image)),
         peering_priority=args.priority,
         peering_lifetime=args.peering_lifetime,
         identity=identity,

@@ -23,7 +23,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from preheat.controller import builders, metrics
+from preheat.controller import builders, metrics, routing
 from preheat.controller import status as st
 from preheat.controller.kube import shared_api
 from preheat.controller.loop import Controller
@@ -110,8 +110,9 @@ def _ensure(kind: str, read: Any, create: Any, update: Any, desired: dict[str, A
     return None
 
 
-def reconcile_objects(body: dict[str, Any], spec: InferenceEndpointSpec) -> list[str]:
-    """Bring the endpoint's Deployment, Service and PDB to their built form. Returns actions taken."""
+def reconcile_objects(body: dict[str, Any], spec: InferenceEndpointSpec, activator_image: str | None = None) -> list[str]:
+    """Bring the endpoint's Deployment, Service and PDB (and, with scale to zero, the activator and the
+    private serving Service) to their built form. Returns actions taken."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     api = shared_api()
@@ -147,25 +148,10 @@ def reconcile_objects(body: dict[str, Any], spec: InferenceEndpointSpec) -> list
     if done:
         actions.append(done)
 
-    svc = builders.service(name, ns, spec, body)
-
-    def svc_differs(existing: Any) -> bool:
-        e = api.sanitize_for_serialization(existing)
-        return e["spec"].get("selector") != svc["spec"]["selector"] or [
-            (p.get("name"), p.get("port"), p.get("targetPort")) for p in e["spec"].get("ports", [])
-        ] != [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]]
-
-    done = _ensure(
-        "Service",
-        lambda: core.read_namespaced_service(name, ns),
-        lambda d: core.create_namespaced_service(ns, d),
-        lambda d: core.patch_namespaced_service(name, ns, {"spec": {"selector": d["spec"]["selector"],
-                                                                   "ports": d["spec"]["ports"]}}),
-        svc,
-        svc_differs,
-    )
+    done = _reconcile_service(api, core, body, spec)
     if done:
         actions.append(done)
+    actions += _reconcile_activator(api, core, apps, body, spec, activator_image)
 
     pdb = builders.pod_disruption_budget(name, ns, spec, body)
     done = _ensure(
@@ -179,6 +165,74 @@ def reconcile_objects(body: dict[str, Any], spec: InferenceEndpointSpec) -> list
     if done:
         actions.append(done)
     return actions
+
+
+def _reconcile_service(api: Any, core: Any, body: dict[str, Any], spec: InferenceEndpointSpec) -> str | None:
+    """The public Service. With an activator its selector belongs to the loop (routing.py), which swaps
+    it between the activator and the serving pods: reconcile sets it at creation only."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    svc = builders.service(name, ns, spec, body)
+    activated = routing.uses_activator(spec)
+    if activated:
+        svc["spec"]["selector"] = routing.public_selector(name, builders.initial_replicas(spec) == 0)
+
+    def svc_differs(existing: Any) -> bool:
+        e = api.sanitize_for_serialization(existing)
+        selector = e["spec"].get("selector")
+        routed = selector in (routing.activator_selector(name), builders.serving_selector(name))
+        return (not routed if activated else selector != svc["spec"]["selector"]) or [
+            (p.get("name"), p.get("port"), p.get("targetPort")) for p in e["spec"].get("ports", [])
+        ] != [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]]
+
+    return _ensure(
+        "Service",
+        lambda: core.read_namespaced_service(name, ns),
+        lambda d: core.create_namespaced_service(ns, d),
+        lambda d: core.patch_namespaced_service(name, ns, {"spec": {"selector": d["spec"]["selector"],
+                                                                   "ports": d["spec"]["ports"]}}),
+        svc,
+        svc_differs,
+    )
+
+
+def _reconcile_activator(api: Any, core: Any, apps: Any, body: dict[str, Any], spec: InferenceEndpointSpec,
+                         image: str | None) -> list[str]:
+    """The activator Deployment and the private Service it forwards to: present with scale to zero,
+    removed without it."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    dep_name, svc_name = routing.activator_name(name), routing.serving_service_name(name)
+    if not routing.uses_activator(spec):
+        return [a for a in [_park_activator(apps, ns, dep_name)] if a]
+    dep = routing.activator_deployment(name, ns, spec, body, image)
+    svc = routing.serving_service(name, ns, spec, body)
+    done = [
+        _ensure("Deployment", lambda: apps.read_namespaced_deployment(dep_name, ns),
+                lambda d: apps.create_namespaced_deployment(ns, d),
+                lambda d: apps.patch_namespaced_deployment(dep_name, ns, {"spec": d["spec"]}), dep,
+                lambda e: api.sanitize_for_serialization(e)["spec"]["template"]["spec"]["containers"][0].get("args")
+                != dep["spec"]["template"]["spec"]["containers"][0]["args"]),
+        _ensure("Service", lambda: core.read_namespaced_service(svc_name, ns),
+                lambda d: core.create_namespaced_service(ns, d),
+                lambda d: core.patch_namespaced_service(svc_name, ns, {"spec": {"selector": d["spec"]["selector"],
+                                                                               "ports": d["spec"]["ports"]}}),
+                svc, lambda e: api.sanitize_for_serialization(e)["spec"].get("selector") != svc["spec"]["selector"]),
+    ]
+    return [a for a in done if a]
+
+
+def _park_activator(apps: Any, ns: str, dep_name: str) -> str | None:
+    """Scale to zero turned off: the activator Deployment goes to zero replicas (the operator deletes
+    nothing; the endpoint's deletion collects it and the idle private Service)."""
+    try:
+        dep = apps.read_namespaced_deployment(dep_name, ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if not dep.spec.replicas:
+        return None
+    apps.patch_namespaced_deployment_scale(dep_name, ns, {"spec": {"replicas": 0}})
+    return f"scaled Deployment {dep_name} to 0 (scale to zero is off)"
 
 
 def _write_invalid_status(body: dict[str, Any], message: str) -> None:
@@ -212,7 +266,7 @@ async def _parsed(body: dict[str, Any]) -> InferenceEndpointSpec:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def reconcile(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+async def reconcile(body: kopf.Body, logger: logging.Logger, memo: kopf.Memo, **_: Any) -> None:
     plain = _plain(body)
     try:
         spec = await _parsed(plain)
@@ -222,7 +276,8 @@ async def reconcile(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     with metrics.reconcile_duration.time():
         try:
-            actions = await asyncio.to_thread(reconcile_objects, plain, spec)
+            image = memo["controller"].options.activator_image if "controller" in memo else None
+            actions = await asyncio.to_thread(reconcile_objects, plain, spec, image)
         except ApiException as exc:
             metrics.reconciles.labels("error").inc()
             raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc

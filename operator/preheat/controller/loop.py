@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.controller import metrics
+from preheat.controller import metrics, routing
 from preheat.controller import status as st
 from preheat.controller.collect import collect, history
 from preheat.controller.endpoint import Endpoint
 from preheat.controller.observe import PrometheusSource
-from preheat.controller.scale import scale, write_status
+from preheat.controller.scale import route, scale, write_status
 from preheat.controller.spec import InferenceEndpointSpec
 from preheat.controller.step import EventNote, StepContext, step
 from preheat.scaling.from_spec import policy_config, seed
@@ -46,6 +46,8 @@ class Options:
     # Who acts (the Kopf peering identity): written into .status.operator on every step, so two
     # replicas of the operator can be told apart in what they write.
     identity: str = ""
+    # The image the activator pods of scale-to-zero endpoints run (`preheat activator`): the operator's own.
+    activator_image: str | None = None
 
 
 @dataclass
@@ -90,12 +92,22 @@ class Controller:
                           self.options.reactive_only, self.options.identity, rebuild)
         out = step(ep, spec, seen, ctx)
         metrics.record_decision(namespace, name, out)
+        to_activator = routing.to_activator(spec, out.serving, out.decision.serving)
+        if to_activator:  # the activator takes the requests before the last serving pod leaves
+            events += self._route(namespace, name, True)
         scale(namespace, name, out.applied)
+        if to_activator is False:  # and gives them back once the promoted pod serves
+            events += self._route(namespace, name, False)
         if out.plan.shortfall and out.decision.reason is not Reason.HOLD:
             log.info("%s/%s: %d serving replica(s) wait for warm pods to load", namespace, name, out.plan.shortfall)
         write_status(namespace, name, out.status)
         metrics.record_step(namespace, name, spec.scaling.target_per_replica, seen, out)
         return StepResult(events + out.events, out.sleep_s, out.decision)
+
+    @staticmethod
+    def _route(namespace: str, name: str, to_activator: bool) -> list[EventNote]:
+        message = route(namespace, name, to_activator)
+        return [EventNote("Normal", "Routed", message)] if message else []
 
     def _prepare(self, ep: Endpoint, body: dict[str, Any],
                  spec: InferenceEndpointSpec) -> tuple[list[EventNote], dict[str, Any] | None]:

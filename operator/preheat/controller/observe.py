@@ -64,7 +64,29 @@ def signal_queries(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -
     if override:
         signal = panic = substitute(override, namespace, endpoint)
     queue = substitute(p.queries.queue, namespace, endpoint) if p.queries.queue else q["queue"]
-    return {"signal": signal, "signal_panic": panic, "queue": queue, "running": q["running"], "targets": q["targets"]}
+    out = {"signal": signal, "signal_panic": panic, "queue": queue, "running": q["running"], "targets": q["targets"]}
+    if spec.scaling.scale_to_zero:
+        out |= activator_queries(namespace, endpoint, p.window, p.panic_window, spec.scaling.signal)
+    return out
+
+
+def activator_queries(namespace: str, endpoint: str, window: str, panic_window: str,
+                      signal: Signal) -> dict[str, str]:
+    """The activator's counters (routing.py): the signal while no model-server target exists.
+
+    Requests held are the concurrency; for the two rate signals, the requests arriving: at zero pods
+    any request at all asks for one replica, and the servers' own counters take over once one serves
+    (a tokens/s target has no tokens to count before a server answers)."""
+    s = _sel(namespace, endpoint)
+    waiting = f"sum(preheat:activator_requests_waiting{{{s}}})"
+    if signal is Signal.concurrency:
+        rate = panic = waiting
+    else:
+        rate = f"sum(rate(preheat:activator_requests_total{{{s}}}[{window}]))"
+        panic = f"sum(rate(preheat:activator_requests_total{{{s}}}[{panic_window}]))"
+    return {"activator": rate, "activator_panic": panic, "activator_waiting": waiting,
+            # the activator's gauge is exported from its first scrape: its series tell that it is scraped
+            "activator_targets": f"count(preheat:activator_requests_waiting{{{s}}})"}
 
 
 def history_query(namespace: str, endpoint: str, spec: InferenceEndpointSpec) -> str:
@@ -120,7 +142,9 @@ class PrometheusSource:
             queue = _scalar(self._query(queries["queue"]))
             running = _scalar(self._query(queries["running"])) if "running" in queries else None
         except Exception as exc:  # connection refused, timeout, bad PromQL: all mean "no data"
-            return MetricsResult(False, "PrometheusUnreachable", f"{self.url}: {type(exc).__name__}: {exc}"[:500])
+            return self._unreachable(exc)
+        if not targets and "activator" in queries:
+            return self._observe_activator(queries)
         if not targets:
             return MetricsResult(
                 False,
@@ -138,6 +162,26 @@ class PrometheusSource:
             running=running,
             targets=int(targets),
         )
+
+    def _unreachable(self, exc: Exception) -> MetricsResult:
+        return MetricsResult(False, "PrometheusUnreachable", f"{self.url}: {type(exc).__name__}: {exc}"[:500])
+
+    def _observe_activator(self, queries: dict[str, str]) -> MetricsResult:
+        """No model-server target (the endpoint is at zero): the activator's count is the signal."""
+        try:
+            targets = _scalar(self._query(queries["activator_targets"]))
+            value = _scalar(self._query(queries["activator"]))
+            panic = _scalar(self._query(queries["activator_panic"]))
+            waiting = _scalar(self._query(queries["activator_waiting"]))
+        except Exception as exc:
+            return self._unreachable(exc)
+        if not targets:
+            return MetricsResult(False, "NoMetrics",
+                                 "Prometheus has no scraped model-server or activator target for this endpoint yet")
+        value = value or 0.0
+        return MetricsResult(True, "ActivatorMetrics", "no model-server target: the activator's count of requests",
+                             signal=value, signal_panic=panic if panic is not None else value,
+                             queue=waiting, running=0.0, targets=0)
 
     def history(self, query: str, start_s: float, end_s: float, step_s: float) -> list[tuple[float, float]]:
         """(time, value) samples of `query` over [start, end]: rebuilds a forecaster after a restart."""

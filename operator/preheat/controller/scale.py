@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from preheat.controller import actuation, metrics
+from preheat.controller import actuation, metrics, routing
 from preheat.controller.builders import workload_name
 from preheat.controller.kube import shared_api
 from preheat.controller.spec import GROUP, PLURAL, VERSION
@@ -71,6 +71,20 @@ def scale(namespace: str, name: str, plan: actuation.Plan) -> None:
     if plan.replicas is not None:
         retry_conflict(lambda: apps.patch_namespaced_deployment_scale(
             workload_name(name), namespace, {"spec": {"replicas": plan.replicas}}))
+
+
+def route(namespace: str, name: str, to_activator: bool) -> str | None:
+    """Point the endpoint's public Service at the activator or at the serving pods (routing.py); the
+    message of an Event when it changed, None when it already pointed there."""
+    core = client.CoreV1Api(shared_api())
+    want = routing.public_selector(name, to_activator)
+    if (core.read_namespaced_service(workload_name(name), namespace).spec.selector or {}) == want:
+        return None
+    # A merge patch would keep the other selector's keys: replace the selector whole.
+    core.patch_namespaced_service(workload_name(name), namespace,
+                                  [{"op": "replace", "path": "/spec/selector", "value": want}])
+    return ("no serving replica: requests go to the activator, which holds them until one serves" if to_activator
+            else "a replica serves: requests go to the serving pods")
 
 
 def write_status(namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -467,11 +467,17 @@ class ScalingSpec(_Model):
     )
     scale_to_zero: bool = Field(
         default=False,
-        description="Allow minReplicas: 0. Preheat has no activator: at zero pods nothing serves or counts requests "
-        "(they are refused and its queries see no model server), so the endpoint goes to zero only while a "
-        "forecaster that has learned its season forecasts no traffic within the lead time, and comes back on that "
-        "forecast alone. Measured in the simulator (README, bench-heldout) on traffic with idle troughs it kept 51 % of "
-        "requests within the SLO at U 0.7 (Knative's KPA, with its activator: 99.75 %): keep minReplicas >= 1.",
+        description="Allow minReplicas: 0. After scaleToZeroGraceSeconds of zero traffic, with no traffic forecast "
+        "within the lead time, the endpoint goes to zero serving replicas; its Service then points at an activator "
+        "(one small pod, `preheat activator`) that holds and counts the requests, so the first one wakes the endpoint "
+        "and is answered a cold start later (as with Knative's activator), and a forecast of traffic wakes it ahead. "
+        "Pays where the cold start is short against the idle spans: measured in the simulator (README, "
+        "bench-heldout) on traffic with idle troughs.",
+    )
+    scale_to_zero_grace_seconds: float = Field(
+        default=600.0, ge=0.0, le=86400.0,
+        description="Zero traffic for this long before scaling to zero (scaleToZero; Knative's "
+        "scale-to-zero-grace-period, KEDA's cooldownPeriod).",
     )
     interval_seconds: float = Field(
         default=15.0, ge=1.0, le=600.0, description="Autoscaling loop period (decision interval)."

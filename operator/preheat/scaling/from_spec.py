@@ -42,6 +42,7 @@ def policy_config(spec: InferenceEndpointSpec, reactive_only: bool = False,
         burst_threshold=s.warm_pool.burst_threshold,
         warm_cost_fraction=spec.warm_cost_fraction(),
         scale_to_zero=s.scale_to_zero,
+        scale_to_zero_grace_s=float(s.scale_to_zero_grace_seconds),
         # A replica's slots: lets the policy see a burst in the queue before the rate window does
         # (it promotes warm replicas at once; cold starts still follow the rate and the forecast).
         concurrency_per_replica=float(spec.server.max_num_seqs) if spec.server.max_num_seqs else None,

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 from preheat.scaling.policy import (
-    Decision,
     Observation,
     PolicyConfig,
     PolicyState,
@@ -304,25 +303,24 @@ def test_scale_to_zero_after_grace_unless_traffic_is_forecast() -> None:
     assert decisions[-1].serving == 1
 
 
-def test_scale_to_zero_waits_for_a_forecaster_with_its_season() -> None:
-    """At zero pods nothing is scraped (no activator counts requests), so only the forecast brings the
-    endpoint back: a forecaster without its season forecasts the last level, zero, for ever."""
+def test_at_zero_the_activator_count_wakes_the_endpoint_without_a_season() -> None:
+    """At zero pods the activator counts the requests it holds, so the observation stays fresh: zero
+    traffic keeps the endpoint at zero, the first requests wake it, and no forecaster season is needed
+    to go down (the forecast alone no longer has to bring it back)."""
     cfg = BASE.with_(min_replicas=0, scale_to_zero=True, scale_to_zero_grace_s=60.0, scale_down_stabilization_s=0.0)
-
-    def run(ready: bool) -> Decision:
-        state, current, d = PolicyState(), 2, None
-        for i, v in enumerate([20.0] + [0.0] * 8):
-            d, state = decide(cfg, state, obs(i * 15.0, v, current), 0.0, 0.0, ready=ready)
-            current = d.serving
-        return d
-
-    assert (run(True).serving, run(True).reason) == (0, Reason.SCALE_TO_ZERO)
-    waiting = run(False)
-    assert waiting.serving == 1 and "no season" in waiting.detail
+    state, current, d = PolicyState(), 2, None
+    for i, v in enumerate([20.0] + [0.0] * 8):
+        d, state = decide(cfg, state, obs(i * 15.0, v, current), 0.0, 0.0, ready=False)
+        current = d.serving
+    assert (d.serving, d.reason) == (0, Reason.SCALE_TO_ZERO)
+    quiet, state = decide(cfg, state, obs(150.0, 0.0, 0), 0.0, 0.0, ready=False)
+    assert quiet.serving == 0
+    woken, _ = decide(cfg, state, obs(165.0, 0.2, 0), 0.0, 0.0, ready=False)
+    assert woken.serving >= 1 and woken.reason == Reason.REACTIVE
 
 
 def test_at_zero_the_forecast_wakes_the_endpoint_by_the_test_that_put_it_there() -> None:
-    """At zero pods the observation is stale (nothing to scrape). A forecast of a sliver of a replica
+    """At zero pods with no data (Prometheus down: a stale observation) a forecast of a sliver of a replica
     (below the idle fraction that allowed zero) must not wake one: its first fresh sample is zero and it
     goes straight back (it flapped every other decision in the simulator); a real forecast wakes it."""
     cfg = BASE.with_(min_replicas=0, scale_to_zero=True, scale_to_zero_grace_s=60.0, scale_down_stabilization_s=0.0)

@@ -189,17 +189,20 @@ def test_repeat_days_shifts_each_copy_by_a_day_and_rejects_what_is_not_one_day(t
         repeat_days(src, tmp_path / "x.csv", 0)
 
 
-def test_at_zero_pods_the_simulated_operator_sees_no_signal(tmp_path):
-    """Preheat's queries read the model servers' own counters: with no pod there is no `up` target, the
-    operator's observation is stale (NoMetrics) and it holds, whatever traffic arrives. The simulator
-    sees the same, so scale to zero costs there what it costs on a cluster."""
+@pytest.mark.parametrize("activator", [True, False])
+def test_at_zero_pods_the_simulated_operator_sees_what_the_activator_counts(tmp_path, activator):
+    """Preheat's queries read the model servers' own counters: with no pod there is no `up` target. With
+    scale to zero the activator holds and counts the requests (observe.py reads its counter then), so the
+    observation stays fresh and carries the arrivals; without an activator it is stale (NoMetrics) and
+    the operator holds, whatever arrives. The simulator sees the same as the operator in both cases."""
     from dataclasses import replace as dc_replace
 
     from preheat.sim.preheat_policy import PreheatPolicy
     from preheat.sim.run import simulate
 
     w = prepare_workload(load_trace(write_series(tmp_path / "s.csv", [100.0] * 12)), SimSettings(capacity_rps=50.0))
-    policy = PreheatPolicy(w, load_cold_start("60"), overrides={"min_replicas": 0, "scale_to_zero": True})
+    overrides = {"min_replicas": 0, "scale_to_zero": True} if activator else {}
+    policy = PreheatPolicy(w, load_cold_start("60"), overrides=overrides)
     seen: list[tuple[float, bool, float | None]] = []
     decide = policy.decide
 
@@ -213,4 +216,7 @@ def test_at_zero_pods_the_simulated_operator_sees_no_signal(tmp_path):
     before = [v for t, stale, v in seen if 600.0 <= t < 1800.0]
     after = [(stale, v) for t, stale, v in seen if t >= 2400.0]  # the last pod has drained by then
     assert before and all(v is not None and v > 50.0 for v in before)
-    assert after and all(stale and v is None for stale, v in after)
+    if activator:
+        assert after and all(not stale and v is not None and v > 50.0 for stale, v in after)
+    else:
+        assert after and all(stale and v is None for stale, v in after)

@@ -29,7 +29,8 @@ class MetricView:
     delay_s: float = 5.0
     # The signal is the model servers' own counters (Preheat's queries): with no pod to scrape there is
     # no signal at all, as the operator sees it (no `up` target: NoMetrics, hold). Off: a signal that
-    # counts requests without a pod (Knative's activator, an ingress metric behind KEDA).
+    # counts requests without a pod (Knative's activator, Preheat's with scale to zero, an ingress
+    # metric behind KEDA).
     needs_pods: bool = False
 
 

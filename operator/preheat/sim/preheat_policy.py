@@ -61,9 +61,11 @@ def metric_view(config: PolicyConfig) -> MetricView:
     prometheus.panicWindow) at the scrape interval the policy assumes, so `--spec` with another window
     simulates that window. A panic window shorter than two scrapes reads as two: the shortest rate()
     Prometheus can compute (the default 20 s panic window at a 15 s scrape is 30 s, as for HPA). The
-    queries read the model servers' own counters, so at zero pods there is no signal (`needs_pods`)."""
+    queries read the model servers' own counters, so at zero pods there is no signal (`needs_pods`),
+    unless scale to zero is on: then the activator holds and counts the requests (controller/routing.py)
+    and the operator reads its counter through the same scrape and windows."""
     return replace(PROMETHEUS, scrape_s=config.scrape_interval_s, window_s=config.stable_window_s,
-                   panic_window_s=max(config.panic_window_s, 2.0 * config.scrape_interval_s), needs_pods=True)
+                   panic_window_s=max(config.panic_window_s, 2.0 * config.scrape_interval_s), needs_pods=not config.scale_to_zero)
 
 
 class PreheatPolicy:

@@ -223,7 +223,7 @@ def decide_measured(
     serving_queue = serving_recs.record(now, held_rec, window)
     serving, reason = _stabilize(config, serving_queue, now, window, recommendation, reason, current, notes)
     serving, reason = _noise_floor(config, recent, needs, fc, current, serving, reason, notes)
-    zero_since, to_zero = _scale_to_zero(config, state, now, needs, fc.upper, serving, in_panic, ready, notes)
+    zero_since, to_zero = _scale_to_zero(config, state, now, needs, fc.upper, serving, in_panic, notes)
     serving, reason = _bound(config, serving, reason, to_zero, notes)
 
     # What serves for the rate signals and the forecast (the window's held recommendations): replicas
@@ -492,16 +492,15 @@ def _stabilize(
 
 def _scale_to_zero(
     config: PolicyConfig, state: PolicyState, now: float, needs: _Needs, fu: float | None, serving: int,
-    in_panic: bool, ready: bool, notes: list[str],
+    in_panic: bool, notes: list[str],
 ) -> tuple[float | None, bool]:
     """(zero traffic since, scale to zero now): zero traffic for the grace period and no traffic
-    forecast within the lead time, by a forecaster that has its season (`ready`).
+    forecast within the lead time.
 
-    Why the season: at zero pods there is nothing to scrape (the signal is the model servers' own
-    counters, and Preheat has no activator to hold and count requests), so the way back up is the
-    forecast alone. A forecaster without its season forecasts the last level, zero, for ever: the
-    endpoint would never wake (measured in the simulator, which sees no signal at zero pods either:
-    0 % SLO on deepseek-r1 with idle spans). One with a learned day brings it back ahead of the morning."""
+    At zero pods the activator holds and counts the requests (controller/routing.py), so the signal
+    stays fresh and the first request wakes the endpoint (a cold start later, as Knative's); a forecast
+    above the idle fraction wakes it ahead of the traffic. Before the activator, the forecast was the
+    only way back, and scale to zero waited for a forecaster with its season (0 % SLO without)."""
     if not (config.scale_to_zero and config.min_replicas == 0):
         return None, False
     zero_since = state.zero_since
@@ -509,15 +508,13 @@ def _scale_to_zero(
         zero_since = now if zero_since is None else zero_since
     else:
         zero_since = None
-    idle_forecast = ready and _idle_forecast(config, fu)
+    idle_forecast = _idle_forecast(config, fu)
     if zero_since is not None and now - zero_since >= config.scale_to_zero_grace_s and idle_forecast:
         return zero_since, not in_panic
     if serving == 0 and zero_since is not None:
         notes.append(
             f"zero traffic for {now - zero_since:.0f}s of a {config.scale_to_zero_grace_s:g}s grace"
             if idle_forecast
-            else "the forecaster has no season yet: nothing would bring the endpoint back from zero"
-            if not ready or fu is None
             else f"forecast upper {_fmt(fu)} says traffic comes within the lead time"
         )
     return zero_since, False

@@ -107,11 +107,17 @@ def panels() -> list[dict[str, Any]]:
                 target("C", f"max(preheat_endpoint_forecast_signal{{{SEL}}})", "forecast at now + lead time"),
                 target("D", f"max(preheat_endpoint_forecast_signal_upper{{{SEL}}})", "forecast upper quantile"),
                 target("E", f"max(preheat_endpoint_capacity{{{SEL}}})", "capacity (serving × target)"),
+                target(
+                    "F",
+                    f"sum(rate(preheat:activator_requests_total{{{SEL}}}[$__rate_interval]))",
+                    "arrivals at zero (req/s, activator)",
+                ),
             ],
             (0, 1, 12, 9),
             "short",
             "Arrivals measured at the model servers, the signal the operator scales on, its forecast one "
-            "lead time ahead (and the upper quantile it provisions for), and the serving capacity.",
+            "lead time ahead (and the upper quantile it provisions for), and the serving capacity. With "
+            "scale to zero, the arrivals the activator counts while no replica serves.",
         ),
         panel(
             2,
@@ -158,10 +164,12 @@ def panels() -> list[dict[str, Any]]:
             [
                 target("A", f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting"),
                 target("B", f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
+                target("C", f"sum(preheat:activator_requests_waiting{{{SEL}}})", "held by the activator"),
             ],
             (0, 20, 8, 8),
             "short",
-            "Requests waiting for a batch slot (queue depth) and requests being decoded, over all replicas.",
+            "Requests waiting for a batch slot (queue depth) and requests being decoded, over all replicas; "
+            "with scale to zero, requests the activator holds until a replica serves.",
         ),
         panel(
             7,

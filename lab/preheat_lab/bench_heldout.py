@@ -19,10 +19,10 @@ Variants (warm cost 1.0, cold start 30 s and 300 s):
   requests) and m-small (14 days; peak 40 only);
 - `deepseek-r1-idle`, `m-small-idle`: the trace with its quietest 40 % of windows set to zero (a service
   idle in its troughs; m-small's are mostly nights, a pattern its 14 days let a forecaster learn);
-  `m-small-idle-stz`: the same with Preheat's scale to zero on (`minReplicas: 0`, `scaleToZero: true`),
-  as a user of such traffic would set it (Knative's KPA and KEDA scale to zero by default; the oracle
-  keeps one replica). At zero pods Preheat sees no signal (its queries read the model servers' own
-  counters and it has no activator): it wakes on the forecast alone.
+  `deepseek-r1-idle-stz`, `m-small-idle-stz`: the same with Preheat's scale to zero on (`minReplicas: 0`,
+  `scaleToZero: true`), as a user of such traffic would set it (Knative's KPA and KEDA scale to zero by
+  default; the oracle keeps one replica). At zero pods Preheat's activator holds and counts the requests:
+  the operator reads its counter through the same scrape, and the first requests wake the endpoint.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ VARIANTS = (
     Variant("m-small-peak40", "m-small", 40),
     Variant("deepseek-r1-idle", "deepseek-r1", idle=True),
     Variant("m-small-idle", "m-small", idle=True),
+    Variant("deepseek-r1-idle-stz", "deepseek-r1", idle=True, preheat=("min_replicas=0", "scale_to_zero=true")),
     Variant("m-small-idle-stz", "m-small", idle=True, preheat=("min_replicas=0", "scale_to_zero=true")),
 )
 

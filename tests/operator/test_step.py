@@ -112,3 +112,20 @@ def test_a_forecast_is_scored_when_its_lead_time_has_passed():
     assert score.score(NOW + 15, 10.0) is None  # not due yet
     assert score.score(NOW + 30, 10.0) == pytest.approx(0.2)  # |12 - 10| / 10
     assert score.score(NOW + 45, 10.0) is None and not score.pending
+
+
+@pytest.mark.parametrize("forecasting", [True, False])
+def test_scale_to_zero_waits_for_a_ready_activator_and_says_so(forecasting):
+    """With nobody to hold them, requests at zero would be refused: a decision of zero keeps one replica
+    while the activator has no Ready pod (one Warning Event), and goes to zero once it has."""
+    spec = parse_spec({"model": {"builtin": "tiny"},
+                       "scaling": {"minReplicas": 0, "scaleToZero": True, "scaleToZeroGraceSeconds": 0,
+                                   "warmPool": {"min": 0, "max": 0}, "forecasting": {"enabled": forecasting}}})
+    ep = endpoint(spec)
+    idle = MetricsResult(True, "MetricsFound", "", signal=0.0, signal_panic=0.0, queue=0.0, targets=1)
+    outs = [step(ep, spec, Collected(NOW + 15 * i, 1, [pod("s1", ROLE_SERVING)], idle, activator_ready=False), ctx())
+            for i in range(3)]
+    assert all(o.decision.serving == 1 and "activator is not Ready" in o.decision.detail for o in outs[1:])
+    assert [e.reason for o in outs for e in o.events].count("ActivatorNotReady") == 1
+    ready = step(ep, spec, Collected(NOW + 60, 1, [pod("s1", ROLE_SERVING)], idle, activator_ready=True), ctx())
+    assert ready.decision.serving == 0 and ready.plan.replicas == 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from preheat.controller import actuation
+from preheat.controller import actuation, routing
 from preheat.controller.builders import selector_labels, selector_string, workload_name
 from preheat.controller.kube import shared_api
 from preheat.controller.observe import MetricsResult, PrometheusSource, history_query, signal_queries
@@ -31,6 +31,7 @@ class Collected:
     replicas: int | None  # the Deployment's spec.replicas
     pods: list[actuation.PodView]
     metrics: MetricsResult
+    activator_ready: bool | None = None  # None: no activator (scale to zero off)
 
     @property
     def counts(self) -> actuation.PodCounts:
@@ -51,7 +52,18 @@ def collect(namespace: str, name: str, spec: InferenceEndpointSpec, source: Prom
     selector = selector_string(selector_labels(name))
     pod_list = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector)
     pods = [actuation.pod_view(api.sanitize_for_serialization(p)) for p in pod_list.items]
-    return Collected(now_s, dep.spec.replicas, pods, source.observe(signal_queries(namespace, name, spec)))
+    return Collected(now_s, dep.spec.replicas, pods, source.observe(signal_queries(namespace, name, spec)),
+                     _activator_ready(api, namespace, name) if routing.uses_activator(spec) else None)
+
+
+def _activator_ready(api: client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        dep = client.AppsV1Api(api).read_namespaced_deployment(routing.activator_name(name), namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return bool(dep.status and dep.status.ready_replicas)
 
 
 def history(namespace: str, name: str, spec: InferenceEndpointSpec, source: PrometheusSource,

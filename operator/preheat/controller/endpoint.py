@@ -74,6 +74,7 @@ class Endpoint:
     last_persist_s: float = 0.0
     last_failure_event: str = ""
     last_reason: str = ""
+    activator_blocked: bool = False  # scale to zero held back by an activator that is not Ready
     history_seeded: bool = False
     rebuild_handled: str | None = None
     seeded: dict[str, Any] = field(default_factory=dict)

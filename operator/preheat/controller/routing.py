@@ -15,6 +15,7 @@ target exists).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from preheat.controller.builders import (
@@ -27,6 +28,7 @@ from preheat.controller.builders import (
     serving_selector,
 )
 from preheat.controller.spec import InferenceEndpointSpec, Mode
+from preheat.scaling.policy.types import Decision
 
 ACTIVATOR_IMAGE = "preheat/operator"
 ACTIVATOR_APP = "preheat-activator"
@@ -70,6 +72,16 @@ def to_activator(spec: InferenceEndpointSpec, serving_ready: int, serving_decide
         return None
     decided = serving_ready if spec.scaling.mode is Mode.preview else serving_decided
     return wants_activator(serving_ready, decided)
+
+
+def without_activator(decision: Decision, activator_ready: bool | None) -> tuple[Decision, str | None]:
+    """A decision of zero serving replicas while the activator is not Ready keeps one: with nobody to
+    hold them, requests at zero would be refused. Returns the decision to apply and, when it was
+    changed, why."""
+    if activator_ready is not False or decision.serving > 0:
+        return decision, None
+    why = "the activator is not Ready (its Deployment has no Ready pod): keeping one serving replica"
+    return replace(decision, serving=1, detail=f"{decision.detail}; {why}"), why
 
 
 def public_selector(endpoint: str, to_activator: bool) -> dict[str, str]:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.controller import actuation
+from preheat.controller import actuation, routing
 from preheat.controller import status as st
 from preheat.controller.builders import pod_sizes, selector_string, serving_selector
 from preheat.controller.collect import Collected
@@ -96,7 +96,8 @@ def step(ep: Endpoint, spec: InferenceEndpointSpec, seen: Collected, ctx: StepCo
     counts, m = seen.counts, seen.metrics
     samples = ep.cold_starts.add(actuation.cold_start_samples(seen.pods))
     ep.metrics_failures = 0 if m.available else ep.metrics_failures + 1
-    decision = ep.autoscaler.step(observation(seen.now_s, counts, samples, m))
+    decision, blocked = routing.without_activator(ep.autoscaler.step(observation(seen.now_s, counts, samples, m)),
+                                                  seen.activator_ready)
     error = _score_forecast(ep, seen, decision)
     sizes = pod_sizes(spec)
     plan = actuation.plan(seen.pods, decision.serving, decision.total, seen.replicas, sizes)
@@ -109,7 +110,7 @@ def step(ep: Endpoint, spec: InferenceEndpointSpec, seen: Collected, ctx: StepCo
     events += _actuation_events(applied, seen.replicas, decision)
     ep.last_reason = str(decision.reason)
     failing = actuation.first_failure(seen.pods)
-    events += _failure_events(ep, failing)
+    events += _failure_events(ep, failing) + _activator_events(ep, blocked)
     serving = counts.serving_ready + len(applied.promote) - len(applied.demote)
     warm = counts.warm_ready - len(applied.promote) + len(applied.demote)
     cold = planned_cold_start_s(ep.autoscaler.config, samples)
@@ -119,6 +120,12 @@ def step(ep: Endpoint, spec: InferenceEndpointSpec, seen: Collected, ctx: StepCo
                              now=ctx.now, fields=fields)
     return Outcome(decision, plan, applied, status, events, _sleep_s(ep, seen, plan, ctx.interval_s), cold,
                    error, serving, warm)
+
+
+def _activator_events(ep: Endpoint, blocked: str | None) -> list[EventNote]:
+    """One Warning when scale to zero is first held back by an activator that is not Ready."""
+    was, ep.activator_blocked = ep.activator_blocked, blocked is not None
+    return [EventNote("Warning", "ActivatorNotReady", blocked)] if blocked and not was else []
 
 
 def _score_forecast(ep: Endpoint, seen: Collected, decision: Decision) -> float | None:

@@ -521,8 +521,12 @@ def _scale_to_zero(
 
 
 def _idle_forecast(config: PolicyConfig, fu: float | None) -> bool:
-    """The upper forecast over the lead time is below `idle_forecast_fraction` of one replica's capacity."""
-    return fu is not None and fu < config.idle_forecast_fraction * config.capacity_per_replica
+    """The upper forecast over the lead time is below `idle_forecast_fraction` of one replica's capacity.
+    No forecast (forecasting off, or none yet) vetoes nothing: the activator's count wakes the endpoint,
+    as Knative's does, and no forecast never asks for more than a forecast of anything."""
+    if not config.forecasting or fu is None:
+        return True
+    return fu < config.idle_forecast_fraction * config.capacity_per_replica
 
 
 def _bound(config: PolicyConfig, serving: int, reason: Reason, to_zero: bool, notes: list[str]) -> tuple[int, Reason]:

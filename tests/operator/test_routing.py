@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 from preheat.controller import builders, routing
 from preheat.controller.observe import PrometheusSource, signal_queries
 from preheat.controller.spec import parse_spec
+from preheat.scaling.policy.types import Decision, Reason
 
 OWNER = {"apiVersion": "preheat.dev/v1alpha1", "kind": "InferenceEndpoint", "metadata": {"name": "chat", "uid": "u1"}}
 
@@ -31,22 +31,33 @@ def test_activator_forwards_to_a_private_service_of_the_serving_pods():
     assert svc["metadata"]["name"] == "chat-serving" and svc["spec"]["selector"] == builders.serving_selector("chat")
 
 
-@pytest.mark.parametrize(("ready", "decided", "to_activator"),
-                         [(0, 0, True), (0, 2, True), (1, 0, True), (1, 1, False), (3, 2, False)])
-def test_the_public_service_selects_the_activator_until_a_replica_serves(ready, decided, to_activator):
-    assert routing.wants_activator(ready, decided) is to_activator
-    want = routing.activator_selector("chat") if to_activator else builders.serving_selector("chat")
-    assert routing.public_selector("chat", to_activator) == want
-
-
-def test_routing_follows_the_decision_but_in_preview_only_the_ready_pods():
-    assert routing.to_activator(_spec(), 0, 0) is None  # no scale to zero: no activator, nothing to route
+def test_the_public_service_goes_to_the_activator_before_the_last_pod_and_back_once_one_serves():
     auto = _spec(minReplicas=0, scaleToZero=True)
-    assert routing.to_activator(auto, 1, 0) is True  # going to zero: the activator first
-    assert routing.to_activator(auto, 1, 1) is False
+    assert routing.to_activator(_spec(), 0, False) is None  # no scale to zero: no activator, nothing to route
+    assert routing.to_activator(auto, 0, False) is True  # nothing serves: the activator holds the requests
+    assert routing.to_activator(auto, 1, True) is True  # the decision is zero: the activator first
+    assert routing.to_activator(auto, 1, False) is False
     preview = _spec(minReplicas=0, scaleToZero=True, mode="Preview")
-    assert routing.to_activator(preview, 1, 0) is False  # Preview scales nothing: the pod keeps serving
-    assert routing.to_activator(preview, 0, 3) is True
+    assert routing.to_activator(preview, 1, True) is False  # Preview scales nothing: the pod keeps serving
+    assert routing.public_selector("chat", True) == routing.activator_selector("chat")
+    assert routing.public_selector("chat", False) == builders.serving_selector("chat")
+
+
+def _decision(serving: int) -> Decision:
+    return Decision(serving=serving, warm=0, reason=Reason.SCALE_TO_ZERO if serving == 0 else Reason.REACTIVE,
+                    detail="d")
+
+
+def test_zero_waits_for_a_ready_activator_that_the_service_already_selects():
+    assert routing.gate(_decision(0), None) == routing.Gate(_decision(0), False)  # no activator: as decided
+    assert routing.gate(_decision(2), routing.ActivatorSeen(False, False)) == routing.Gate(_decision(2), False)
+    blocked = routing.gate(_decision(0), routing.ActivatorSeen(ready=False, routed=False))
+    assert blocked.decision.serving == 1 and not blocked.route_first and "not Ready" in blocked.blocked
+    first = routing.gate(_decision(0), routing.ActivatorSeen(ready=True, routed=False))
+    assert first.decision.serving == 1 and first.route_first and first.blocked is None
+    assert "next step" in first.decision.detail
+    then = routing.gate(_decision(0), routing.ActivatorSeen(ready=True, routed=True))
+    assert then.decision.serving == 0 and then.route_first
 
 
 def test_activator_queries_only_with_scale_to_zero():

@@ -42,6 +42,15 @@ def _client_pod(cv) -> None:
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}}]}})
 
 
+GET = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+
+
+def _through_service(handle, ns: str, url: str) -> bool:
+    """The activator answers /healthz itself: through the Service, that says kube-proxy sends to it."""
+    p = kubectl(handle, "exec", "-n", ns, "client", "--", "python3", "-c", GET, url, check=False, timeout=30)
+    return p.returncode == 0 and p.stdout.strip() == "ok"
+
+
 def _send(handle, ns: str, url: str, out: dict) -> None:
     p = kubectl(handle, "exec", "-n", ns, "client", "--", "python3", "-c", POST, url, check=False, timeout=320)
     out["rc"], out["stdout"], out["stderr"] = p.returncode, p.stdout, p.stderr[-2000:]
@@ -70,8 +79,11 @@ def test_a_request_at_zero_is_held_by_the_activator_and_wakes_the_endpoint(opera
 
     # A request to the Service from a pod is held until a replica serves, then answered by it.
     wait_for(lambda: cv.core.read_namespaced_pod("client", namespace).status.phase == "Running", 120, "client pod", op)
+    base = f"http://{name}.{namespace}.svc:8000"
+    wait_for(lambda: _through_service(crd_installed, namespace, f"{base}/healthz"), 60,
+             "the Service's ClusterIP answered by the activator", op)
     out: dict = {}
-    url = f"http://{name}.{namespace}.svc:8000/v1/completions"
+    url = f"{base}/v1/completions"
     sender = threading.Thread(target=_send, args=(crd_installed, namespace, url, out))
     sender.start()
     wait_for(lambda: _metric(act_ip, "preheat:activator_requests_waiting") == 1 or out, 60, "the request held", op, 0.2)

@@ -9,6 +9,7 @@ from preheat.controller.builders import COST_SERVING, COST_WARM, ROLE_SERVING, R
 from preheat.controller.collect import Collected
 from preheat.controller.endpoint import COLD_START_WINDOW, ColdStartWindow, Endpoint, ForecastScore
 from preheat.controller.observe import MetricsResult
+from preheat.controller.routing import ActivatorSeen
 from preheat.controller.spec import parse_spec
 from preheat.controller.step import StepContext, step
 from preheat.scaling.from_spec import policy_config
@@ -115,17 +116,25 @@ def test_a_forecast_is_scored_when_its_lead_time_has_passed():
 
 
 @pytest.mark.parametrize("forecasting", [True, False])
-def test_scale_to_zero_waits_for_a_ready_activator_and_says_so(forecasting):
+def test_scale_to_zero_waits_for_a_ready_activator_and_routes_to_it_first(forecasting):
     """With nobody to hold them, requests at zero would be refused: a decision of zero keeps one replica
-    while the activator has no Ready pod (one Warning Event), and goes to zero once it has."""
+    while the activator has no Ready pod (one Warning Event); once Ready, the step routes to it and keeps
+    the replica one more step; with the Service on the activator, zero."""
     spec = parse_spec({"model": {"builtin": "tiny"},
                        "scaling": {"minReplicas": 0, "scaleToZero": True, "scaleToZeroGraceSeconds": 0,
                                    "warmPool": {"min": 0, "max": 0}, "forecasting": {"enabled": forecasting}}})
     ep = endpoint(spec)
     idle = MetricsResult(True, "MetricsFound", "", signal=0.0, signal_panic=0.0, queue=0.0, targets=1)
-    outs = [step(ep, spec, Collected(NOW + 15 * i, 1, [pod("s1", ROLE_SERVING)], idle, activator_ready=False), ctx())
-            for i in range(3)]
+
+    def at(i: int, ready: bool, routed: bool):
+        seen = Collected(NOW + 15 * i, 1, [pod("s1", ROLE_SERVING)], idle, ActivatorSeen(ready, routed))
+        return step(ep, spec, seen, ctx())
+
+    outs = [at(i, False, False) for i in range(3)]
     assert all(o.decision.serving == 1 and "activator is not Ready" in o.decision.detail for o in outs[1:])
     assert [e.reason for o in outs for e in o.events].count("ActivatorNotReady") == 1
-    ready = step(ep, spec, Collected(NOW + 60, 1, [pod("s1", ROLE_SERVING)], idle, activator_ready=True), ctx())
-    assert ready.decision.serving == 0 and ready.plan.replicas == 0
+    assert not any(o.to_activator for o in outs)
+    first = at(4, True, False)
+    assert first.decision.serving == 1 and first.to_activator is True and first.plan.replicas in (None, 1)
+    then = at(5, True, True)
+    assert then.decision.serving == 0 and then.plan.replicas == 0 and then.to_activator is True

@@ -31,7 +31,7 @@ class Collected:
     replicas: int | None  # the Deployment's spec.replicas
     pods: list[actuation.PodView]
     metrics: MetricsResult
-    activator_ready: bool | None = None  # None: no activator (scale to zero off)
+    activator: routing.ActivatorSeen | None = None  # None: no activator (scale to zero off)
 
     @property
     def counts(self) -> actuation.PodCounts:
@@ -53,17 +53,20 @@ def collect(namespace: str, name: str, spec: InferenceEndpointSpec, source: Prom
     pod_list = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector)
     pods = [actuation.pod_view(api.sanitize_for_serialization(p)) for p in pod_list.items]
     return Collected(now_s, dep.spec.replicas, pods, source.observe(signal_queries(namespace, name, spec)),
-                     _activator_ready(api, namespace, name) if routing.uses_activator(spec) else None)
+                     _activator(api, namespace, name) if routing.uses_activator(spec) else None)
 
 
-def _activator_ready(api: client.ApiClient, namespace: str, name: str) -> bool:
+def _activator(api: client.ApiClient, namespace: str, name: str) -> routing.ActivatorSeen:
+    """Whether the activator has a Ready pod, and whether the public Service selects it."""
     try:
         dep = client.AppsV1Api(api).read_namespaced_deployment(routing.activator_name(name), namespace)
+        ready = bool(dep.status and dep.status.ready_replicas)
     except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return bool(dep.status and dep.status.ready_replicas)
+        if exc.status != 404:
+            raise
+        ready = False
+    svc = client.CoreV1Api(api).read_namespaced_service(workload_name(name), namespace)
+    return routing.ActivatorSeen(ready, (svc.spec.selector or {}) == routing.activator_selector(name))
 
 
 def history(namespace: str, name: str, spec: InferenceEndpointSpec, source: PrometheusSource,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.controller import metrics, routing
+from preheat.controller import metrics
 from preheat.controller import status as st
 from preheat.controller.collect import collect, history
 from preheat.controller.endpoint import Endpoint
@@ -92,7 +92,7 @@ class Controller:
                           self.options.reactive_only, self.options.identity, rebuild)
         out = step(ep, spec, seen, ctx)
         metrics.record_decision(namespace, name, out)
-        to_activator = routing.to_activator(spec, out.serving, out.decision.serving)
+        to_activator = out.to_activator
         if to_activator:  # the activator takes the requests before the last serving pod leaves
             events += self._route(namespace, name, True)
         scale(namespace, name, out.applied)

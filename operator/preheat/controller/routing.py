@@ -15,7 +15,7 @@ target exists).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from preheat.controller.builders import (
@@ -59,29 +59,47 @@ def activator_image(version: str | None = None) -> str:
     return f"{ACTIVATOR_IMAGE}:{version or operator_version()}"
 
 
-def wants_activator(serving_ready: int, serving_decided: int) -> bool:
-    """The public Service selects the activator while no serving pod is Ready, or once the decision
-    is zero (before the last pod stops, so no request meets a Service without endpoints)."""
-    return serving_ready == 0 or serving_decided == 0
+@dataclass(frozen=True)
+class ActivatorSeen:
+    """The activator as a step found it."""
+
+    ready: bool  # its Deployment has a Ready pod
+    routed: bool  # the public Service selects it
 
 
-def to_activator(spec: InferenceEndpointSpec, serving_ready: int, serving_decided: int) -> bool | None:
-    """Where the public Service points after a step; None: the endpoint has no activator. In Preview
-    the decision is only reported (every Ready pod serves), so the Ready serving pods alone decide."""
+@dataclass(frozen=True)
+class Gate:
+    """A decision as it may be applied with the activator in the way."""
+
+    decision: Decision
+    route_first: bool  # the Service goes to the activator this step (the decision wants zero)
+    blocked: str | None = None  # why zero waits for the activator, when it is not Ready
+
+
+def gate(decision: Decision, seen: ActivatorSeen | None) -> Gate:
+    """Zero serving replicas only once the activator takes the requests. A decision of zero while the
+    activator is not Ready keeps one replica (with nobody to hold them, requests at zero would be
+    refused); while the public Service does not select it yet, the step routes to it and keeps one
+    replica until the next step, so every node's kube-proxy has an interval to send new requests to
+    the activator before the last serving pod goes."""
+    if seen is None or decision.serving > 0:
+        return Gate(decision, False)
+    if not seen.ready:
+        why = "the activator is not Ready (its Deployment has no Ready pod): keeping one serving replica"
+        return Gate(replace(decision, serving=1, detail=f"{decision.detail}; {why}"), False, why)
+    if not seen.routed:
+        note = "requests go to the activator first: zero on the next step"
+        return Gate(replace(decision, serving=1, detail=f"{decision.detail}; {note}"), True)
+    return Gate(decision, True)
+
+
+def to_activator(spec: InferenceEndpointSpec, serving_ready: int, route_first: bool) -> bool | None:
+    """Where the public Service points after a step; None: the endpoint has no activator. To the
+    activator while no serving pod is Ready, or once the decision is zero (`gate`); in Preview the
+    decision is only reported (every Ready pod serves), so the Ready serving pods alone decide."""
     if not uses_activator(spec):
         return None
-    decided = serving_ready if spec.scaling.mode is Mode.preview else serving_decided
-    return wants_activator(serving_ready, decided)
-
-
-def without_activator(decision: Decision, activator_ready: bool | None) -> tuple[Decision, str | None]:
-    """A decision of zero serving replicas while the activator is not Ready keeps one: with nobody to
-    hold them, requests at zero would be refused. Returns the decision to apply and, when it was
-    changed, why."""
-    if activator_ready is not False or decision.serving > 0:
-        return decision, None
-    why = "the activator is not Ready (its Deployment has no Ready pod): keeping one serving replica"
-    return replace(decision, serving=1, detail=f"{decision.detail}; {why}"), why
+    return serving_ready == 0 or (route_first and spec.scaling.mode is not Mode.preview)
 
 
 def public_selector(endpoint: str, to_activator: bool) -> dict[str, str]:

@@ -62,6 +62,7 @@ class Outcome:
     forecast_error: float | None
     serving: int  # serving replicas once the plan is applied
     warm: int
+    to_activator: bool | None = None  # where the public Service points after the step (None: no activator)
 
 
 def observation(now_s: float, counts: actuation.PodCounts, samples: tuple[float, ...],
@@ -96,8 +97,8 @@ def step(ep: Endpoint, spec: InferenceEndpointSpec, seen: Collected, ctx: StepCo
     counts, m = seen.counts, seen.metrics
     samples = ep.cold_starts.add(actuation.cold_start_samples(seen.pods))
     ep.metrics_failures = 0 if m.available else ep.metrics_failures + 1
-    decision, blocked = routing.without_activator(ep.autoscaler.step(observation(seen.now_s, counts, samples, m)),
-                                                  seen.activator_ready)
+    gate = routing.gate(ep.autoscaler.step(observation(seen.now_s, counts, samples, m)), seen.activator)
+    decision = gate.decision
     error = _score_forecast(ep, seen, decision)
     sizes = pod_sizes(spec)
     plan = actuation.plan(seen.pods, decision.serving, decision.total, seen.replicas, sizes)
@@ -110,7 +111,7 @@ def step(ep: Endpoint, spec: InferenceEndpointSpec, seen: Collected, ctx: StepCo
     events += _actuation_events(applied, seen.replicas, decision)
     ep.last_reason = str(decision.reason)
     failing = actuation.first_failure(seen.pods)
-    events += _failure_events(ep, failing) + _activator_events(ep, blocked)
+    events += _failure_events(ep, failing) + _activator_events(ep, gate.blocked)
     serving = counts.serving_ready + len(applied.promote) - len(applied.demote)
     warm = counts.warm_ready - len(applied.promote) + len(applied.demote)
     cold = planned_cold_start_s(ep.autoscaler.config, samples)
@@ -119,7 +120,7 @@ def step(ep: Endpoint, spec: InferenceEndpointSpec, seen: Collected, ctx: StepCo
     status = st.build_status(generation=ctx.generation, previous=ctx.previous, conditions=conditions,
                              now=ctx.now, fields=fields)
     return Outcome(decision, plan, applied, status, events, _sleep_s(ep, seen, plan, ctx.interval_s), cold,
-                   error, serving, warm)
+                   error, serving, warm, routing.to_activator(spec, serving, gate.route_first))
 
 
 def _activator_events(ep: Endpoint, blocked: str | None) -> list[EventNote]:

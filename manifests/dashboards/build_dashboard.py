@@ -109,7 +109,8 @@ def panels() -> list[dict[str, Any]]:
                 target("E", f"max(preheat_endpoint_capacity{{{SEL}}})", "capacity (serving × target)"),
                 target(
                     "F",
-                    f"sum(rate(preheat:activator_requests_total{{{SEL}}}[$__rate_interval]))",
+                    # `or vector(0)`: an endpoint without scale to zero has no activator and none arrive there
+                    f"sum(rate(preheat:activator_requests_total{{{SEL}}}[$__rate_interval])) or vector(0)",
                     "arrivals at zero (req/s, activator)",
                 ),
             ],
@@ -164,7 +165,7 @@ def panels() -> list[dict[str, Any]]:
             [
                 target("A", f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting"),
                 target("B", f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
-                target("C", f"sum(preheat:activator_requests_waiting{{{SEL}}})", "held by the activator"),
+                target("C", f"sum(preheat:activator_requests_waiting{{{SEL}}}) or vector(0)", "held by the activator"),
             ],
             (0, 20, 8, 8),
             "short",

@@ -66,7 +66,8 @@ def _activator(api: client.ApiClient, namespace: str, name: str) -> routing.Acti
             raise
         ready = False
     svc = client.CoreV1Api(api).read_namespaced_service(workload_name(name), namespace)
-    return routing.ActivatorSeen(ready, (svc.spec.selector or {}) == routing.activator_selector(name))
+    selector = dict(svc.spec.selector or {})
+    return routing.ActivatorSeen(ready, selector == routing.activator_selector(name), selector)
 
 
 def history(namespace: str, name: str, spec: InferenceEndpointSpec, source: PrometheusSource,

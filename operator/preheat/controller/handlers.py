@@ -188,11 +188,16 @@ def _reconcile_service(api: Any, core: Any, body: dict[str, Any], spec: Inferenc
         "Service",
         lambda: core.read_namespaced_service(name, ns),
         lambda d: core.create_namespaced_service(ns, d),
-        lambda d: core.patch_namespaced_service(name, ns, {"spec": {"selector": d["spec"]["selector"],
-                                                                   "ports": d["spec"]["ports"]}}),
+        _patch_service(core, name, ns),
         svc,
         svc_differs,
     )
+
+
+def _patch_service(core: Any, name: str, ns: str) -> Any:
+    """A Service's update: its selector and ports (the rest is the API server's)."""
+    return lambda d: core.patch_namespaced_service(name, ns, {"spec": {"selector": d["spec"]["selector"],
+                                                                       "ports": d["spec"]["ports"]}})
 
 
 def _reconcile_activator(api: Any, core: Any, apps: Any, body: dict[str, Any], spec: InferenceEndpointSpec,
@@ -213,8 +218,7 @@ def _reconcile_activator(api: Any, core: Any, apps: Any, body: dict[str, Any], s
                 != dep["spec"]["template"]["spec"]["containers"][0]["args"]),
         _ensure("Service", lambda: core.read_namespaced_service(svc_name, ns),
                 lambda d: core.create_namespaced_service(ns, d),
-                lambda d: core.patch_namespaced_service(svc_name, ns, {"spec": {"selector": d["spec"]["selector"],
-                                                                               "ports": d["spec"]["ports"]}}),
+                _patch_service(core, svc_name, ns),
                 svc, lambda e: api.sanitize_for_serialization(e)["spec"].get("selector") != svc["spec"]["selector"]),
     ]
     return [a for a in done if a]

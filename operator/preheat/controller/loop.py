@@ -92,12 +92,12 @@ class Controller:
                           self.options.reactive_only, self.options.identity, rebuild)
         out = step(ep, spec, seen, ctx)
         metrics.record_decision(namespace, name, out)
-        to_activator = out.to_activator
+        to_activator, selector = out.to_activator, seen.activator.selector if seen.activator else None
         if to_activator:  # the activator takes the requests before the last serving pod leaves
-            events += self._route(namespace, name, True)
+            events += self._route(namespace, name, True, selector)
         scale(namespace, name, out.applied)
         if to_activator is False:  # and gives them back once the promoted pod serves
-            events += self._route(namespace, name, False)
+            events += self._route(namespace, name, False, selector)
         if out.plan.shortfall and out.decision.reason is not Reason.HOLD:
             log.info("%s/%s: %d serving replica(s) wait for warm pods to load", namespace, name, out.plan.shortfall)
         write_status(namespace, name, out.status)
@@ -105,8 +105,8 @@ class Controller:
         return StepResult(events + out.events, out.sleep_s, out.decision)
 
     @staticmethod
-    def _route(namespace: str, name: str, to_activator: bool) -> list[EventNote]:
-        message = route(namespace, name, to_activator)
+    def _route(namespace: str, name: str, to_activator: bool, selector: dict[str, str] | None) -> list[EventNote]:
+        message = route(namespace, name, to_activator, selector)
         return [EventNote("Normal", "Routed", message)] if message else []
 
     def _prepare(self, ep: Endpoint, body: dict[str, Any],

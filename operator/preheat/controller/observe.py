@@ -134,13 +134,14 @@ class PrometheusSource:
     def _query(self, q: str) -> Any:
         return self._prom.custom_query(query=q, params={"timeout": f"{self._timeout:g}s"})
 
+    def _scalars(self, queries: dict[str, str], keys: tuple[str, ...]) -> list[float | None]:
+        """The named queries' numbers (None for a key `queries` lacks); raises what the client raises."""
+        return [_scalar(self._query(queries[k])) if k in queries else None for k in keys]
+
     def observe(self, queries: dict[str, str]) -> MetricsResult:
         try:
-            targets = _scalar(self._query(queries["targets"]))
-            value = _scalar(self._query(queries["signal"]))
-            panic = _scalar(self._query(queries["signal_panic"]))
-            queue = _scalar(self._query(queries["queue"]))
-            running = _scalar(self._query(queries["running"])) if "running" in queries else None
+            targets, value, panic, queue, running = self._scalars(
+                queries, ("targets", "signal", "signal_panic", "queue", "running"))
         except Exception as exc:  # connection refused, timeout, bad PromQL: all mean "no data"
             return self._unreachable(exc)
         if not targets and "activator" in queries:
@@ -169,10 +170,8 @@ class PrometheusSource:
     def _observe_activator(self, queries: dict[str, str]) -> MetricsResult:
         """No model-server target (the endpoint is at zero): the activator's count is the signal."""
         try:
-            targets = _scalar(self._query(queries["activator_targets"]))
-            value = _scalar(self._query(queries["activator"]))
-            panic = _scalar(self._query(queries["activator_panic"]))
-            waiting = _scalar(self._query(queries["activator_waiting"]))
+            targets, value, panic, waiting = self._scalars(
+                queries, ("activator_targets", "activator", "activator_panic", "activator_waiting"))
         except Exception as exc:
             return self._unreachable(exc)
         if not targets:

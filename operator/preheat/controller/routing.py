@@ -65,6 +65,7 @@ class ActivatorSeen:
 
     ready: bool  # its Deployment has a Ready pod
     routed: bool  # the public Service selects it
+    selector: dict[str, str] | None = None  # the public Service's selector as read (route() compares it)
 
 
 @dataclass(frozen=True)

@@ -73,12 +73,13 @@ def scale(namespace: str, name: str, plan: actuation.Plan) -> None:
             workload_name(name), namespace, {"spec": {"replicas": plan.replicas}}))
 
 
-def route(namespace: str, name: str, to_activator: bool) -> str | None:
+def route(namespace: str, name: str, to_activator: bool, selector: dict[str, str] | None) -> str | None:
     """Point the endpoint's public Service at the activator or at the serving pods (routing.py); the
-    message of an Event when it changed, None when it already pointed there."""
+    message of an Event when it changed, None when it already pointed there. `selector`: the Service's
+    selector as this step's collect read it."""
     core = client.CoreV1Api(shared_api())
     want = routing.public_selector(name, to_activator)
-    if (core.read_namespaced_service(workload_name(name), namespace).spec.selector or {}) == want:
+    if (selector or {}) == want:
         return None
     # A merge patch would keep the other selector's keys: replace the selector whole.
     core.patch_namespaced_service(workload_name(name), namespace,

@@ -214,7 +214,9 @@ def _reconcile_activator(api: Any, core: Any, apps: Any, body: dict[str, Any], s
         _ensure("Deployment", lambda: apps.read_namespaced_deployment(dep_name, ns),
                 lambda d: apps.create_namespaced_deployment(ns, d),
                 lambda d: apps.patch_namespaced_deployment(dep_name, ns, {"spec": d["spec"]}), dep,
-                lambda e: api.sanitize_for_serialization(e)["spec"]["template"]["spec"]["containers"][0].get("args")
+                # parked at 0 when scale to zero was off: back to one pod when it is on again
+                lambda e: not e.spec.replicas
+                or api.sanitize_for_serialization(e)["spec"]["template"]["spec"]["containers"][0].get("args")
                 != dep["spec"]["template"]["spec"]["containers"][0]["args"]),
         _ensure("Service", lambda: core.read_namespaced_service(svc_name, ns),
                 lambda d: core.create_namespaced_service(ns, d),

@@ -102,7 +102,9 @@ def run_variant(v: Variant, path: Path, cold_arg: str) -> dict[str, Any]:
     policies = sweep(w, load_cold_start(cold_arg), settings, list(POLICY_NAMES), UTILIZATIONS, SLO_TARGETS)
     return {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "fleet": w.describe(),
             "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
-            "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started}
+            "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started,
+            # per row: `--only` reruns keep other rows, which ran on another day (and maybe machine)
+            "machine": machine(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         results = sorted(kept + results, key=lambda r: (order.get(r["variant"], 99), r["cold_start_s"]))
     table = markdown(results)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # `machine` is this run's; each row carries the machine and time it ran on (older rows may not).
     out.write_text(json.dumps(cli._json_safe({"results": results, "machine": machine(),
                                               "utilizations": list(UTILIZATIONS)}), indent=2))
     out.with_suffix(".md").write_text(table + "\n")

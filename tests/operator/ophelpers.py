@@ -135,6 +135,11 @@ class Cluster:
         return self.custom.create_namespaced_custom_object("preheat.dev", "v1alpha1", self.ns,
                                                            "inferenceendpoints", body)
 
+    def patch_scaling(self, name: str, **scaling: Any) -> dict:
+        """Merge-patch the endpoint's spec.scaling, as `kubectl patch --type merge` does."""
+        return self.custom.patch_namespaced_custom_object("preheat.dev", "v1alpha1", self.ns, "inferenceendpoints",
+                                                          name, {"spec": {"scaling": scaling}})
+
     def pods(self, name: str) -> list[dict]:
         items = self.core.list_namespaced_pod(self.ns, label_selector=f"preheat.dev/endpoint={name}").items
         return [self.api.sanitize_for_serialization(p) for p in items]

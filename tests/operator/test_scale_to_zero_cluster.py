@@ -1,7 +1,8 @@
 """Scale to zero on the local cluster: the activator (`preheat activator` from the operator's image) takes
 the Service at zero pods, holds a request sent there, the operator reads its counter from the real
 Prometheus and wakes the endpoint, the request is answered by the new replica, and the Service goes
-back to the serving pods."""
+back to the serving pods. Then scale to zero is turned off (the activator parked at zero pods, the
+Service on the serving pods) and on again (the activator back, the endpoint at zero again)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import urllib.request
 
 import pytest
 from ophelpers import dump, kubectl, lightweight_endpoint, ready_by_role, wait_for
-from preheat.controller import routing
+from preheat.controller import builders, routing
 
 pytestmark = [pytest.mark.cluster]
 
@@ -102,3 +103,18 @@ def test_a_request_at_zero_is_held_by_the_activator_and_wakes_the_endpoint(opera
     assert any("serving pods" in m for m in routed), routed
     assert _metric(act_ip, "preheat:activator_requests_total") == 1
     assert _metric(act_ip, "preheat:activator_hold_seconds_count") == 1
+
+    # Scale to zero off: the activator is parked at zero pods (nothing deleted), the Service keeps the serving pods.
+    cv.patch_scaling(name, scaleToZero=False, minReplicas=1)
+    wait_for(lambda: cv.apps.read_namespaced_deployment(routing.activator_name(name), namespace).spec.replicas == 0,
+             120, "the activator parked at zero pods", op)
+    wait_for(lambda: _activator_ip(cv, name) is None, 120, "no activator pod left", op)
+    assert cv.core.read_namespaced_service(name, namespace).spec.selector == builders.serving_selector(name)
+    assert cv.apps.read_namespaced_deployment(name, namespace).spec.replicas >= 1
+
+    # On again: the parked activator comes back to one Ready pod and the endpoint goes to zero behind it.
+    cv.patch_scaling(name, scaleToZero=True, minReplicas=0)
+    act_ip = wait_for(lambda: _activator_ip(cv, name), 180, "the activator Ready again", op)
+    wait_for(lambda: cv.apps.read_namespaced_deployment(name, namespace).spec.replicas == 0 and not cv.live_pods(name),
+             180, "zero again after the grace", op)
+    assert wait_for(lambda: cv.slice_ips(name) == {act_ip}, 60, "the Service on the activator again", op)

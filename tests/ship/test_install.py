@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .tools import CHART, DASHBOARD, REPO, Kube, find_tool, run
+from .tools import CHART, DASHBOARD, REPO, Kube, dashboard_renderer, find_tool, run
 from .workload import dashboard_queries, prometheus_query_range, send_requests, serving_addresses, substitute
 
 pytestmark = pytest.mark.cluster
@@ -342,6 +342,13 @@ def test_every_dashboard_query_returns_data(release: Release, tmp_path: Path) ->
             prometheus_query_range(
                 release.prometheus_url, substitute(ann["expr"], values), started, time.time(), 5
             )
+
+    # The same data drawn as users see it (render_png.py): every panel has a line. PREHEAT_DASHBOARD_PNG
+    # keeps the picture (the README's manifests/dashboards/preheat-dashboard.png is drawn this way).
+    png = Path(os.environ.get("PREHEAT_DASHBOARD_PNG") or tmp_path / "dashboard.png")
+    drawn = dashboard_renderer().render(dashboard, release.prometheus_url, values, started - 60, time.time(), png)
+    assert drawn and all(drawn.values()), drawn
+    assert png.stat().st_size > 10_000
 
 
 def test_helm_uninstall_cleans_up(release: Release) -> None:

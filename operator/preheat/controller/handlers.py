@@ -66,8 +66,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     settings.persistence.finalizer = "preheat.dev/finalizer"
     settings.posting.level = logging.INFO
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
+    # A watch the API server ends every minute, and one that is silent for 90 s is dropped and opened
+    # again: a connection that died without a word (a Service path reprogrammed under it) stalls
+    # create/update handling for at most 90 s instead of 330 s. Seen once on the local cluster: a
+    # freshly installed chart's active replica handled nothing for the 300 s the install test waits.
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    settings.watching.connect_timeout = 15
     settings.networking.request_timeout = 30
     settings.execution.max_workers = int(memo.get("max_workers", 8))
     # Peering: when two operator replicas run, the one with higher priority acts; the other waits.

@@ -11,18 +11,18 @@ import threading
 import urllib.request
 
 import pytest
-from ophelpers import dump, kubectl, lightweight_endpoint, ready_by_role, wait_for
+from ophelpers import dump, is_ready, kubectl, lightweight_endpoint, ready_by_role, wait_for
 from preheat.controller import builders, routing
 
 pytestmark = [pytest.mark.cluster]
 
 
 def _activator_ip(cv, name: str) -> str | None:
-    sel = ",".join(f"{k}={v}" for k, v in routing.activator_selector(name).items())
+    sel = builders.selector_string(routing.activator_selector(name))
     for p in cv.core.list_namespaced_pod(cv.ns, label_selector=sel).items:
-        ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-        if ready and not p.metadata.deletion_timestamp:
-            return p.status.pod_ip
+        pod = cv.api.sanitize_for_serialization(p)
+        if is_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
+            return pod["status"]["podIP"]
     return None
 
 

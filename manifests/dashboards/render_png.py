@@ -47,6 +47,14 @@ def legend(fmt: str, labels: dict[str, str]) -> str:
     return out
 
 
+def series_points(values: list[list[Any]]) -> tuple[list[datetime], list[float], int]:
+    """(times, values, how many values are finite) of one query_range series; Prometheus writes NaN and
+    ±Inf as strings, which float() reads."""
+    xs = [datetime.fromtimestamp(float(ts)) for ts, _ in values]
+    ys = [float(v) for _, v in values]
+    return xs, ys, sum(1 for y in ys if math.isfinite(y))
+
+
 def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for p in dashboard["panels"] if p.get("type") == "timeseries"]
 
@@ -60,7 +68,7 @@ def render(
     out: Path,
     step: float = 5.0,
 ) -> dict[str, int]:
-    """Write the PNG; return series drawn per panel title."""
+    """Write the PNG; return series drawn per panel title (a series with no finite value is not drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,11 +84,12 @@ def render(
         n = 0
         for t in p["targets"]:
             for s in query_range(prometheus, substitute(t["expr"], values), start, end, step):
-                xs = [datetime.fromtimestamp(float(ts)) for ts, _ in s["values"]]
-                ys = [float(v) for _, v in s["values"]]
-                ax.plot(
-                    xs, ys, linewidth=1.2, label=legend(t.get("legendFormat", ""), s["metric"]) or t["refId"]
-                )
+                xs, ys, finite = series_points(s["values"])
+                if not finite:
+                    continue  # NaN or ±Inf only: Grafana draws nothing, and neither do we
+                # A sample or two is a point, not a line: mark it (Grafana's "show points: auto").
+                ax.plot(xs, ys, linewidth=1.2, marker="o" if finite < 3 else None, markersize=3,
+                        label=legend(t.get("legendFormat", ""), s["metric"]) or t["refId"])
                 n += 1
         steps = p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])
         for st in steps:
@@ -88,6 +97,8 @@ def render(
                 ax.axhline(st["value"], color="red", linestyle="--", linewidth=1, label="SLO / limit")
         ax.set_title(p["title"], fontsize=10)
         ax.set_ylabel(UNIT_LABEL.get(p["fieldConfig"]["defaults"].get("unit", ""), ""), fontsize=8)
+        # Every panel spans the dashboard's time range, as in Grafana (not each series' own span).
+        ax.set_xlim(datetime.fromtimestamp(start), datetime.fromtimestamp(end))
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)

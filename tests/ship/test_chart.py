@@ -17,6 +17,7 @@ from .tools import (
     RULES,
     by_kind,
     dashboard_builder,
+    dashboard_renderer,
     find_tool,
     helm_template,
     one,
@@ -174,6 +175,16 @@ def test_dashboard_configmap_for_grafana_sidecar(default_objects: list[dict]) ->
     assert len(cms) == 1
     assert cms[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cms[0]["data"]["preheat.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_picture_reads_prometheus_values_as_grafana_does() -> None:
+    # query_range values are [unix time, "string"]; Prometheus writes NaN and +Inf as strings. A series
+    # with no finite value draws nothing (the install test's every-panel-has-data check then fails).
+    xs, ys, finite = dashboard_renderer().series_points([[1700000000, "0.5"], [1700000005, "NaN"], [1700000010, "+Inf"]])
+    assert [x.timestamp() for x in xs] == [1700000000, 1700000005, 1700000010]
+    assert ys[0] == 0.5 and ys[1] != ys[1] and ys[2] == float("inf")
+    assert finite == 1
+    assert dashboard_renderer().series_points([[1700000000, "NaN"]])[2] == 0
 
 
 def test_prometheus_operator_objects_are_optional(helm: str, default_objects: list[dict]) -> None:

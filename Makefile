@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries peers peers-hpa node-binaries images shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-seeds bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -103,6 +103,10 @@ bench-frontier: setup
 # The frontier on variants the policy was not tuned on (fleet sizes, idle spans): bench-results/heldout*.
 bench-heldout: setup
 	$(PY) -m preheat_lab.bench_heldout --out bench-results/heldout.json
+
+# The frontier's verdict on other draws of the arrivals (seeds 1, 2; seed 0 from bench-frontier's JSON).
+bench-seeds: setup
+	$(PY) -m preheat_lab.bench_seeds --out bench-results/frontier_seeds.json --jobs 2
 
 bench-forecast: setup
 	$(PY) -m preheat_lab.bench_forecast --out bench-results/forecast.json

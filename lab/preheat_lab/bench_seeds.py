@@ -124,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out, tdir = Path(args.out), Path(args.traces_dir)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    keys = [k for k in (args.only.split(",") if args.only else SERIES) if (tdir / TRACES[k]).exists()]
+    keys = args.only.split(",") if args.only else list(SERIES)
+    unknown = [k for k in keys if k not in SERIES]
+    if unknown:
+        ap.error(f"--only: {', '.join(unknown)} is not one of the series whose arrivals a seed draws: {', '.join(SERIES)}")
+    for k in [k for k in keys if not (tdir / TRACES[k]).exists()]:
+        print(f"skipping {k}: {tdir / TRACES[k]} not found", file=sys.stderr)
+        keys.remove(k)
     doc: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {"cells": []}
     cells = {(c["trace_key"], c["cold_key"]): c for c in doc["cells"]}
     for key in keys:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from preheat_lab.bench_seeds import COMPETITORS, markdown, run_seed, tally, verdict
+import pytest
+from preheat_lab.bench_seeds import COMPETITORS, main, markdown, run_seed, tally, verdict
 
 # Six hours at 10-minute windows with the inter-arrival CV the ServeGen series record per window.
 RATES = [2.0] * 9 + [60.0, 80.0, 90.0, 80.0, 60.0, 50.0] + [3.0] * 6 + [70.0, 90.0, 60.0] + [1.0] * 12
@@ -44,3 +45,10 @@ def test_verdict_tally_and_table_count_each_seed_where_a_baseline_reaches_the_sl
     table = markdown(doc)
     assert "| m-small | 30 s | 99 % | 10.0 % below hpa / 10.0 % below hpa | 10.0 % above hpa / 10.0 % above hpa |" in table
     assert "| m-mid | 300 s | 99.9 % | no baseline reaches it / no baseline reaches it | — |" in table
+
+
+def test_a_trace_the_seed_does_not_draw_is_refused_with_a_message(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--only", "mooncake"])
+    assert e.value.code == 2
+    assert "mooncake is not one of the series whose arrivals a seed draws" in capsys.readouterr().err

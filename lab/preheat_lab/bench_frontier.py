@@ -43,10 +43,15 @@ WARM_FRACTIONS = (1.0, CPU_WARM_FRACTION)
 COLDS = {"30 s": "30", "measured": None, "300 s": "300"}
 
 
+def frontier_stem(key: str, cold_key: str) -> str:
+    """The file name, without suffix, of this (trace, cold start)'s frontier JSON and charts."""
+    return f"frontier-{key}-{cold_key.replace(' ', '')}"
+
+
 def stored_baselines(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] | None:
     """The baselines' sweeps (and the oracle's) from this (trace, cold start)'s stored JSON, or None. They
     do not read Preheat's policy or the warm cost fraction, so a Preheat-only rerun keeps them."""
-    p = out_dir / f"frontier-{key}-{cold_key.replace(' ', '')}.json"
+    p = out_dir / f"{frontier_stem(key, cold_key)}.json"
     if not p.exists():
         return None
     doc = json.loads(p.read_text())
@@ -89,7 +94,7 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
         doc["baselines_from"] = {"note": "baseline and oracle sweeps kept from the previous run of this file "
                                          "(--preheat-only): they do not depend on Preheat's policy",
                                  "machine": stored["machine"], "cpu_s": stored["cpu_s"]}
-    stem = f"frontier-{key}-{cold_key.replace(' ', '')}"
+    stem = frontier_stem(key, cold_key)
     (out_dir / f"{stem}.json").write_text(json.dumps(cli._json_safe(doc), indent=2))
     for f, res in by_fraction.items():
         plot_frontier({"policies": res["policies"], "slo_targets": list(SLO_TARGETS), "slo_ms": settings.slo_ms,

@@ -27,7 +27,7 @@ from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 
-from preheat_lab.bench_frontier import rows
+from preheat_lab.bench_frontier import frontier_stem, margin_text, rows
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 SERIES = ("deepseek-r1", "m-small", "m-mid")  # the traces whose arrivals the seed draws
@@ -37,7 +37,7 @@ COMPETITORS = [n for n in POLICY_NAMES if n != "oracle"]
 
 def stored_seed0(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] | None:
     """Seed 0's policies at warm cost 1 from the frontier benchmark's JSON, the oracle left out."""
-    p = out_dir / f"frontier-{key}-{cold_key.replace(' ', '')}.json"
+    p = out_dir / f"{frontier_stem(key, cold_key)}.json"
     if not p.exists():
         return None
     policies = json.loads(p.read_text())["warm_cost_fractions"]["1"]["policies"]
@@ -53,25 +53,17 @@ def run_seed(path: Path, cold_arg: str, seed: int) -> dict[str, Any]:
 
 
 def verdict(policies: dict[str, Any]) -> dict[str, Any]:
-    """Per SLO target: Preheat's cost, the best baseline and the margin, on the grid and interpolated."""
+    """Per SLO target: Preheat's cost, the best baseline and the margin, on the grid and (`interpolated`)
+    with U interpolated: `bench_frontier.rows` without the other policies' costs."""
     out = {}
     for target, row in rows(policies).items():
-        interp = row["interpolated"]
+        best = row["best_baseline"]
         out[target] = {
-            "preheat": row["cost"].get("preheat"), "best_baseline": row["best_baseline"],
-            "best_cost": row["cost"].get(row["best_baseline"]) if row["best_baseline"] else None,
-            "margin_vs_best": row["margin_vs_best"],
-            "interpolated_best": interp["best_baseline"], "interpolated_margin_vs_best": interp["margin_vs_best"],
+            "preheat": row["cost"].get("preheat"), "best_baseline": best,
+            "best_cost": row["cost"].get(best) if best else None, "margin_vs_best": row["margin_vs_best"],
+            "interpolated": {k: row["interpolated"][k] for k in ("best_baseline", "margin_vs_best")},
         }
     return out
-
-
-def margin(m: float | None, best: str | None) -> str:
-    if best is None:
-        return "no baseline reaches it"
-    if m is None:
-        return "Preheat does not reach it"
-    return f"{100 * abs(m):.1f} % {'below' if m >= 0 else 'above'} {best}"
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -83,8 +75,7 @@ def markdown(doc: dict[str, Any]) -> str:
             parts = []
             for s in seeds:
                 v = cell["by_seed"].get(str(s), {}).get(target)
-                parts.append("—" if v is None else margin(v["margin_vs_best"], v["best_baseline"]) + " / "
-                             + margin(v["interpolated_margin_vs_best"], v["interpolated_best"]))
+                parts.append("—" if v is None else f"{margin_text(v)} / {margin_text(v['interpolated'])}")
             lines.append(f"| {cell['trace_key']} | {cell['cold_key']} | {100 * float(target):g} % | "
                          + " | ".join(parts) + " |")
     return "\n".join(lines)
@@ -101,7 +92,7 @@ def tally(doc: dict[str, Any]) -> dict[str, Any]:
                     continue
                 n += 1
                 grid += v["margin_vs_best"] is not None and v["margin_vs_best"] >= 0
-                m = v["interpolated_margin_vs_best"]
+                m = v["interpolated"]["margin_vs_best"]
                 interp += m is not None and m >= 0
     return {"cells": n, "cheapest_on_grid": grid, "cheapest_interpolated": interp}
 

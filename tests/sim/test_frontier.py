@@ -220,3 +220,43 @@ def test_at_zero_pods_the_simulated_operator_sees_what_the_activator_counts(tmp_
         assert after and all(not stale and v is not None and v > 50.0 for stale, v in after)
     else:
         assert after and all(stale and v is None for stale, v in after)
+
+
+def _pts(*triples):
+    return [{"target_utilization": u, "slo_attainment": a, "replica_seconds": 3600.0 * h} for u, a, h in triples]
+
+
+def _frontiers(preheat, best, oracle):
+    policies = {"preheat": {"points": preheat}, "kpa": {"points": best}, "oracle": {"points": oracle}}
+    for p in policies.values():
+        p["cost_at_slo"] = cost_at_slo(p["points"], (0.99, 0.999))
+    return policies
+
+
+def test_a_missed_target_says_why_in_terms_of_the_deciding_points():
+    from preheat_lab import bench_frontier
+
+    oracle = _pts((1.0, 0.995, 90.0))
+    # both reach 99 % only at U = 1, the grid's end; Preheat's point buys more attainment for more
+    at_end = _frontiers(_pts((0.9, 0.999, 120.0), (1.0, 0.998, 100.0)),
+                        _pts((0.9, 0.985, 110.0), (1.0, 0.994, 98.0)), oracle)
+    assert "only at U 1, the grid's end" in bench_frontier.why_missed(at_end, "0.99")
+    # the baseline's grid point lands just past the target; between points Preheat is cheaper
+    grid = _frontiers(_pts((0.8, 0.9995, 100.0), (0.9, 0.985, 80.0)),
+                      _pts((0.8, 0.9999, 120.0), (0.9, 0.9901, 95.0)), oracle)
+    assert bench_frontier.why_missed(grid, "0.99").startswith("the grid: kpa's point (U 0.9) lands at 99.01 %")
+    # lower frontier, no grid excuse; and 100 / 90 > 1.2x the oracle is not (1.11x): one reason only
+    below = _frontiers(_pts((0.8, 0.995, 100.0), (0.9, 0.95, 80.0)),
+                       _pts((0.8, 0.995, 95.0), (0.9, 0.95, 78.0)), oracle)
+    assert bench_frontier.why_missed(below, "0.99") == (
+        "kpa's frontier lies below Preheat's here: 99.50 % for 95.0 h at U 0.8, Preheat 99.50 % for 100.0 h at U 0.8")
+    # the cheapest, but over 1.2x the oracle: the headroom each needs
+    dear = _frontiers(_pts((0.6, 0.995, 200.0)), _pts((0.6, 0.995, 210.0)), oracle)
+    assert bench_frontier.why_missed(dear, "0.99") == (
+        "2.222x the oracle, which reaches it at U 1 knowing what comes; Preheat needs U 0.6 (headroom for what "
+        "it cannot see coming)")
+    # both targets held, or no baseline to beat: nothing to explain
+    assert bench_frontier.why_missed(_frontiers(_pts((1.0, 0.995, 95.0)), _pts((1.0, 0.995, 99.0)), oracle),
+                                     "0.99") == ""
+    assert bench_frontier.why_missed(_frontiers(_pts((1.0, 0.995, 95.0)), _pts((1.0, 0.9, 50.0)), oracle),
+                                     "0.99") == ""

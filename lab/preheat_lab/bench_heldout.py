@@ -42,7 +42,7 @@ from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 
-from preheat_lab.bench_frontier import margin_text, rows
+from preheat_lab.bench_frontier import margin_text, rows, why_missed
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 COLDS = ("30", "300")
@@ -108,8 +108,9 @@ def run_variant(v: Variant, path: Path, cold_arg: str) -> dict[str, Any]:
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    lines = ["| variant | cold start | SLO | Preheat h | best baseline h | on the grid | U interpolated | Preheat / oracle |",
-             "|---|---|---|---:|---:|---|---|---:|"]
+    lines = ["| variant | cold start | SLO | Preheat h | best baseline h | on the grid | U interpolated | Preheat / oracle "
+             "| where a target is missed, why |",
+             "|---|---|---|---:|---:|---|---|---:|---|"]
     for r in results:
         for target, row in r["rows"].items():
             best, pre, ratio = row["best_baseline"], row["cost"]["preheat"], row["preheat_vs_oracle"]
@@ -118,7 +119,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f"| {r['variant']} | {r['cold_start_s']:g} s | {100 * float(target):g} % | "
                 f"{'—' if pre is None else f'{pre / 3600:.1f}'} | {best_h} | "
                 f"{margin_text(row)} | {margin_text(row['interpolated'])} | "
-                f"{'—' if ratio is None else f'{ratio:.2f}×'} |")
+                f"{'—' if ratio is None else f'{ratio:.2f}×'} | {why_missed(r['policies'], target)} |")
     return "\n".join(lines)
 
 
@@ -127,8 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench-results/heldout.json")
     ap.add_argument("--traces-dir", default=default_traces_dir())
     ap.add_argument("--only", help="comma list of variant names (the other rows of --out are kept)")
+    ap.add_argument("--table-only", action="store_true", help="only rebuild the .md table from --out")
     args = ap.parse_args(argv)
     tdir, out = Path(args.traces_dir), Path(args.out)
+    if args.table_only:
+        table = markdown(json.loads(out.read_text())["results"])
+        out.with_suffix(".md").write_text(table + "\n")
+        print(table)
+        return 0
     wanted = set(args.only.split(",")) if args.only else None
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -529,6 +529,19 @@ def test_fast_panic_path_does_nothing_without_a_usable_queue(changes: dict) -> N
                                                          "cold_start_samples_s": (), "time_s": 100.0}))[0] is None
 
 
+def test_fast_path_promotes_nothing_when_more_already_serve_than_last_asked() -> None:
+    # Found by the property test (a random seed in CI): the observation shows 2 serving where the last
+    # decision asked for 1, with 1 waiting and 1 warm Ready. The fast path used to return a "panic"
+    # decision that promoted nobody (serving 2 = what serves, promote 0) and consumed the pool.
+    state = PolicyState(last_serving=1, last_warm=1)
+    gauges = Observation(time_s=0.0, value=0.0, current_serving=2, serving_ready=0, warm_ready=1, queue=1.0)
+    d, new = decide_panic(FAST, state, gauges)
+    assert d is None and new == state
+    # with room in the Deployment's total the same queue promotes the Ready warm replica
+    d, _ = decide_panic(FAST, PolicyState(last_serving=2, last_warm=1), gauges)
+    assert d is not None and (d.serving, d.warm, d.promote) == (3, 0, 1)
+
+
 def test_a_stale_sample_keeps_the_burst_envelope() -> None:
     # Defect (issue 15): the hold rebuilt PolicyState without burst_needs, so one stale sample emptied
     # the envelope and the next fresh step deleted the warm pool the last burst asked for.

@@ -191,7 +191,7 @@ def why_missed(policies: dict[str, Any], target: str) -> str:
         top = max(policies["preheat"]["points"], key=lambda p: p["slo_attainment"])
         reasons.append(f"Preheat's best point reaches {_pct(top)} ({_where(top)})")
     elif not row["preheat_lowest"]:
-        reasons.append(_why_dearer(policies, target, best, pre))
+        reasons.append(_why_dearer(policies, row, pre))
     ratio = row["preheat_vs_oracle"]
     if ratio is not None and ratio > ORACLE_RATIO_TARGET and pre is not None:
         o = _deciding_point(policies, "oracle", cost["oracle"])
@@ -200,9 +200,10 @@ def why_missed(policies: dict[str, Any], target: str) -> str:
     return "; ".join(reasons)
 
 
-def _why_dearer(policies: dict[str, Any], target: str, best: str, pre: dict[str, Any]) -> str:
-    b = _deciding_point(policies, best, rows(policies)[target]["cost"][best])
-    interp = rows(policies)[target]["interpolated"]
+def _why_dearer(policies: dict[str, Any], row: dict[str, Any], pre: dict[str, Any]) -> str:
+    best = row["best_baseline"]
+    b = _deciding_point(policies, best, row["cost"][best])
+    interp = row["interpolated"]
     top_u = max(UTILIZATIONS)
     if interp["best_baseline"] is not None and (interp["margin_vs_best"] or 0.0) > 0.0:
         return (f"the grid: {best}'s point ({_where(b)}) lands at {_pct(b)}, just past the target; "

@@ -605,9 +605,9 @@ def decide_panic(config: PolicyConfig, state: PolicyState, obs: Observation) -> 
         return None, state
     total = min(prev_serving + prev_warm, config.max_replicas)
     serving = min(max(prev_serving, current) + promote, total)
-    # Nothing to do unless a warm replica actually moves: serving above what serves now, not merely
-    # above the last decision (an observation can show more serving pods than the last decision asked).
-    if serving <= prev_serving or serving <= current:
+    # Nothing to do unless a warm replica actually moves: serving above both the last decision and what
+    # serves now (an observation can show more serving pods than the last decision asked for).
+    if serving <= max(prev_serving, current):
         return None, state
     warm = total - serving
     panic_since = state.panic_since if state.panic_since is not None else now

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries peers peers-hpa node-binaries images shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-seeds bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-heldout-seeds bench-seeds bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -103,6 +103,14 @@ bench-frontier: setup
 # The frontier on variants the policy was not tuned on (fleet sizes, idle spans): bench-results/heldout*.
 bench-heldout: setup
 	$(PY) -m preheat_lab.bench_heldout --out bench-results/heldout.json
+
+# The held-out verdicts on other draws of the arrivals (seeds 1, 2, one process each; seed 0 is bench-heldout).
+bench-heldout-seeds: setup
+	$(PY) -m preheat_lab.bench_heldout --seed 1 --out bench-results/heldout-seed1.json & p1=$$!; \
+	$(PY) -m preheat_lab.bench_heldout --seed 2 --out bench-results/heldout-seed2.json & p2=$$!; \
+	wait $$p1 && wait $$p2
+	$(PY) -m preheat_lab.bench_heldout --compare-seeds 0=bench-results/heldout.json \
+		1=bench-results/heldout-seed1.json 2=bench-results/heldout-seed2.json --out bench-results/heldout_seeds.md
 
 # The frontier's verdict on other draws of the arrivals (seeds 1, 2; seed 0 from bench-frontier's JSON).
 bench-seeds: setup

@@ -11,7 +11,9 @@ tuned: it measures where the policy does not win, too.
 
     python -m preheat_lab.bench_heldout --out bench-results/heldout.json [--only deepseek-r1-idle]
 
-`--only` reruns those variants and keeps the other rows of an existing `--out` file.
+`--only` reruns those variants and keeps the other rows of an existing `--out` file. `--seed N` draws other
+arrivals inside each window (and other cold starts); `--compare-seeds 0=A.json 1=B.json` writes the
+per-seed verdicts side by side (`make bench-heldout-seeds`), so a row decided by one draw's luck shows.
 
 Variants (warm cost 1.0, cold start 30 s and 300 s):
 - `<trace>-peak4` / `<trace>-peak40`: the trace as is, a replica sized so its peak needs 4 (40) at U = 0.7
@@ -92,15 +94,15 @@ def idle_copy(src: Path, out: Path) -> Path:
     return out
 
 
-def run_variant(v: Variant, path: Path, cold_arg: str) -> dict[str, Any]:
+def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0) -> dict[str, Any]:
     argv = ["--trace", str(path), "--cold-start", cold_arg, "--peak-replicas", str(v.peak_replicas),
-            *(a for kv in v.preheat for a in ("--preheat", kv))]
+            *(a for kv in v.preheat for a in ("--preheat", kv)), *(("--seed", str(seed)) if seed else ())]
     settings = cli.settings_from(cli.parser().parse_args(argv))
-    trace = load_trace(str(path))
+    trace = load_trace(str(path), seed=seed)
     w = prepare_workload(trace, settings)
     started = time.process_time()
     policies = sweep(w, load_cold_start(cold_arg), settings, list(POLICY_NAMES), UTILIZATIONS, SLO_TARGETS)
-    return {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "fleet": w.describe(),
+    return {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "seed": seed, "fleet": w.describe(),
             "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
             "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started,
             # per row: `--only` reruns keep other rows, which ran on another day (and maybe machine)
@@ -123,14 +125,71 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def tally(results: list[dict[str, Any]]) -> dict[str, int]:
+    """Rows some baseline reaches, and in how many Preheat is the cheapest, on the grid and interpolated;
+    every policy at its defaults (the variants with a user's Preheat settings, `-stz`, left out)."""
+    n = grid = interp = 0
+    for r in results:
+        if "--preheat" in r["command"]:
+            continue
+        for row in r["rows"].values():
+            if row["best_baseline"] is None:
+                continue
+            n += 1
+            grid += row["margin_vs_best"] is not None and row["margin_vs_best"] >= 0
+            m = row["interpolated"]["margin_vs_best"]
+            interp += m is not None and m >= 0
+    return {"rows": n, "cheapest_on_grid": grid, "cheapest_interpolated": interp}
+
+
+def seeds_markdown(by_seed: dict[int, list[dict[str, Any]]]) -> str:
+    """One row per variant, cold start and SLO: Preheat's margin against the best baseline for each seed
+    (on the grid / interpolated), then each seed's tally."""
+    seeds = sorted(by_seed)
+    lines = ["| variant | cold start | SLO | " + " | ".join(f"seed {s}: grid / interpolated" for s in seeds) + " |",
+             "|---|---|---|" + "---|" * len(seeds)]
+    keyed = {s: {(r["variant"], r["cold_start_s"]): r for r in rs} for s, rs in by_seed.items()}
+    for variant, cold in keyed[seeds[0]]:
+        for target in keyed[seeds[0]][(variant, cold)]["rows"]:
+            cells = []
+            for s in seeds:
+                r = keyed[s].get((variant, cold))
+                row = r["rows"][target] if r else None
+                cells.append("—" if row is None else f"{margin_text(row)} / {margin_text(row['interpolated'])}")
+            lines.append(f"| {variant} | {cold:g} s | {100 * float(target):g} % | " + " | ".join(cells) + " |")
+    lines.append("")
+    for s in seeds:
+        t = tally(by_seed[s])
+        lines.append(f"- seed {s}: Preheat the cheapest in {t['cheapest_on_grid']} of {t['rows']} rows on the grid, "
+                     f"{t['cheapest_interpolated']} interpolated (at every policy's defaults)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m preheat_lab.bench_heldout", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench-results/heldout.json")
     ap.add_argument("--traces-dir", default=default_traces_dir())
     ap.add_argument("--only", help="comma list of variant names (the other rows of --out are kept)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="draw of the arrivals inside each window and of the cold starts (default 0; other "
+                    "seeds check that a row's verdict is not one draw's luck: write them to another --out)")
     ap.add_argument("--table-only", action="store_true", help="only rebuild the .md table from --out")
+    ap.add_argument("--compare-seeds", nargs="+", metavar="SEED=JSON",
+                    help="only write --out (markdown) comparing runs of other seeds, e.g. 0=heldout.json "
+                    "1=heldout-seed1.json")
     args = ap.parse_args(argv)
     tdir, out = Path(args.traces_dir), Path(args.out)
+    if args.compare_seeds:
+        runs = {}
+        for item in args.compare_seeds:
+            seed, _, path = item.partition("=")
+            if not seed.strip().isdigit() or not path:
+                ap.error(f"--compare-seeds: expected SEED=JSON, got {item!r}")
+            runs[int(seed)] = json.loads(Path(path).read_text())["results"]
+        table = seeds_markdown(runs)
+        out.write_text(table + "\n")
+        print(table)
+        return 0
     if args.table_only:
         table = markdown(json.loads(out.read_text())["results"])
         out.with_suffix(".md").write_text(table + "\n")
@@ -150,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = idle_copy(path, Path(tmp) / f"{v.name}.csv")
             for cold in COLDS:
                 print(f"== {v.name}, cold start {cold} s", flush=True)
-                results.append(run_variant(v, path, cold))
+                results.append(run_variant(v, path, cold, args.seed))
     if wanted is not None and out.exists():  # --only reruns those variants and keeps the others' rows
         kept = [r for r in json.loads(out.read_text())["results"] if r["variant"] not in wanted]
         order = {v.name: i for i, v in enumerate(VARIANTS)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from preheat_lab.bench_heldout import Variant, idle_copy, markdown, run_variant
+from preheat_lab.bench_heldout import Variant, idle_copy, markdown, run_variant, seeds_markdown, tally
 
 from .tracegen import write_series
 
@@ -35,3 +35,22 @@ def test_a_variant_s_preheat_settings_reach_preheat_and_only_preheat(tmp_path):
     assert plain["policies"]["kpa"]["points"] == floor["policies"]["kpa"]["points"]
     table = markdown([plain, floor])
     assert table.count("| idle-floor | 30 s |") == 2 and table.count("| idle | 30 s |") == 2
+    # the tally is every policy at its defaults: a user's Preheat settings are rows of their own
+    assert tally([plain])["rows"] > 0 and tally([plain, floor]) == tally([plain])
+
+
+def test_a_seed_draws_other_arrivals_and_says_so(tmp_path):
+    # The same windows with a recorded inter-arrival CV: the seed draws the arrivals inside each window.
+    path = tmp_path / "cv.csv"
+    path.write_text("t_s,total_rate_rps,rate_weighted_cv\n"
+                    + "".join(f"{i * 600},{r},1.5\n" for i, r in enumerate(RATES)))
+    v = Variant("cv", "deepseek-r1")
+    runs = {seed: run_variant(v, path, "30", seed) for seed in (0, 1)}
+    assert runs[0]["seed"] == 0 and runs[1]["seed"] == 1
+    assert "--seed" not in runs[0]["command"] and "--seed 1" in runs[1]["command"]
+    again = run_variant(v, path, "30", 0)  # the same seed draws the same arrivals
+    assert again["policies"]["kpa"]["points"] == runs[0]["policies"]["kpa"]["points"]
+    assert runs[1]["policies"]["kpa"]["points"] != runs[0]["policies"]["kpa"]["points"]
+    table = seeds_markdown({0: [runs[0]], 1: [runs[1]]})
+    assert table.count("| cv | 30 s |") == 2  # one row per SLO target, a column per seed
+    assert "- seed 0: Preheat the cheapest in" in table and "- seed 1: Preheat the cheapest in" in table

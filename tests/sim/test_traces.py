@@ -58,6 +58,46 @@ def test_rate_scale(data_dir, tmp_path):
     assert np.nanmax(series.rate_rps) == pytest.approx(0.01 * np.nanmax(raw.rate_rps))
 
 
+def _load(tmp_path, name: str, text: str) -> RequestTrace:
+    p = tmp_path / name
+    p.write_text(text)
+    tr = load_trace(p)
+    assert isinstance(tr, RequestTrace)
+    return tr
+
+
+def test_unix_time_is_read_in_the_unit_that_makes_it_unix_time(tmp_path):
+    """Relative timestamps keep the format's unit (CSV seconds, JSONL ms); absolute ones are Unix time in
+    s, ms, us or ns, whichever puts them between 2001 and 5138."""
+    epoch_ms = _load(tmp_path, "ms.csv", "timestamp\n1700000000123\n1700000001123\n1700000005623\n")
+    assert list(epoch_ms.arrival_s) == pytest.approx([0.0, 1.0, 5.5]) and epoch_ms.source_format == "csv (timestamp ms)"
+    epoch_us = _load(tmp_path, "us.csv", "timestamp\n1700000000000000\n1700000002500000\n")
+    assert list(epoch_us.arrival_s) == pytest.approx([0.0, 2.5])
+    epoch_s = _load(tmp_path, "s.jsonl", '{"timestamp": 1700000000.5}\n{"timestamp": 1700000003.0}\n')
+    assert list(epoch_s.arrival_s) == pytest.approx([0.0, 2.5]) and epoch_s.source_format == "jsonl (timestamp s)"
+    relative = _load(tmp_path, "rel.jsonl", '{"timestamp": 0}\n{"timestamp": 2500}\n')
+    assert list(relative.arrival_s) == [0.0, 2.5]  # Mooncake's milliseconds from the start
+    # a column named for its unit says it outright
+    named = _load(tmp_path, "named.csv", "timestamp_ms,input_tokens,output_tokens\n0,1,1\n2500,1,1\n")
+    assert list(named.arrival_s) == [0.0, 2.5]
+    assert list(_load(tmp_path, "named.jsonl", '{"timestamp_s": 0}\n{"timestamp_s": 2.5}\n').arrival_s) == [0.0, 2.5]
+
+
+def test_burstgpt_columns_and_datetimes_with_utc_offsets(tmp_path):
+    burst = _load(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                  "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,0,1087,Conversation log\n")
+    assert burst.has_tokens and list(burst.input_tokens) == [472, 1087] and list(burst.output_tokens) == [18, 0]
+    assert list(burst.arrival_s) == [0.0, 40.0]
+    # the same instants written in two zones; a naive datetime beside an offset one is ambiguous
+    zoned = _load(tmp_path, "z.csv", "timestamp\n2024-05-10T00:00:01Z\n2024-05-10T08:00:00+08:00\n"
+                  "2024-05-09T17:00:03.5-07:00\n")
+    assert list(zoned.arrival_s) == pytest.approx([0.0, 1.0, 3.5])
+    with pytest.raises(TraceError, match="UTC offset and some do not"):
+        _load(tmp_path, "mixed.csv", "timestamp\n2024-05-10T00:00:01Z\n2024-05-10T00:00:02\n")
+    with pytest.raises(TraceError, match="neither numbers nor datetimes"):
+        _load(tmp_path, "junk.csv", "timestamp\nyesterday+1\n")
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

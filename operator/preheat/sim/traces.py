@@ -3,9 +3,12 @@
 Formats are auto-detected from the file itself (never from its name alone):
 
 * per-request CSV with a `timestamp` column: Azure LLM inference traces (`TIMESTAMP` as datetime
-  strings, `ContextTokens`, `GeneratedTokens`) or a plain `timestamp,input_tokens,output_tokens`
-  file with timestamps in seconds;
+  strings, `ContextTokens`, `GeneratedTokens`), BurstGPT (`Timestamp` in seconds, `Request tokens`,
+  `Response tokens`) or a plain `timestamp,input_tokens,output_tokens` file with timestamps in seconds;
 * per-request JSONL with `timestamp` in milliseconds (Mooncake: `input_length`, `output_length`);
+* numeric timestamps that are Unix time are read in the unit that makes them so: a CSV of epoch
+  milliseconds (1.7e12) as milliseconds, a JSONL of epoch seconds (1.7e9) as seconds (`_time_unit_s`);
+  a `timestamp_ms` / `timestamp_s` column says its unit outright; datetimes may carry a UTC offset;
 * per-window count series `t_s,total_rate_rps` (ServeGen, 10-minute windows). Exactly-zero windows
   in a busy series are logging gaps, so they become missing data (NaN), not zero traffic.
 """
@@ -24,8 +27,15 @@ from pathlib import Path
 import numpy as np
 
 # Column names we accept, first match wins (lower-cased before matching).
-_INPUT_COLUMNS = ("contexttokens", "input_tokens", "input_length", "prompt_tokens")
-_OUTPUT_COLUMNS = ("generatedtokens", "output_tokens", "output_length", "completion_tokens")
+_INPUT_COLUMNS = ("contexttokens", "input_tokens", "input_length", "prompt_tokens", "request tokens",
+                  "request_tokens", "prompt_len", "input_len")
+_OUTPUT_COLUMNS = ("generatedtokens", "output_tokens", "output_length", "completion_tokens", "response tokens",
+                   "response_tokens", "output_len")
+# Timestamp columns and the unit each says (None: the format's default, or the epoch rule).
+_TIME_COLUMNS = {"timestamp": None, "timestamp_s": 1.0, "timestamp_ms": 1e-3}
+# Absolute timestamps: seconds since the Unix epoch from 2001 to 5138, in one of these units.
+_EPOCH_SPAN_S = (1e9, 1e11)
+_UNITS_S = (1.0, 1e-3, 1e-6, 1e-9)
 _RATE_COLUMNS = ("total_rate_rps", "rate_rps")
 # A window with exactly zero requests in a series that normally sees at least this many requests per
 # window cannot be real traffic (Poisson probability of zero is e^-100): it is a logging gap.
@@ -180,6 +190,7 @@ def _read_jsonl(name: str, text: str) -> RequestTrace:
     inp: list[float] = []
     out: list[float] = []
     tokens = True
+    unit: float | None = None  # stated by a timestamp_ms / timestamp_s key
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -187,12 +198,18 @@ def _read_jsonl(name: str, text: str) -> RequestTrace:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise TraceError(f"{name} line {lineno}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict) or "timestamp" not in row:
+        key = _time_key(row) if isinstance(row, dict) else None
+        if key is None:
             raise TraceError(f"{name} line {lineno}: a JSONL trace needs a 'timestamp' (ms) in every object")
         try:
-            ts.append(float(row["timestamp"]) / 1000.0)
+            ts.append(float(row[key]))
         except (TypeError, ValueError):
-            raise TraceError(f"{name} line {lineno}: timestamp {row['timestamp']!r} is not a number") from None
+            raise TraceError(f"{name} line {lineno}: timestamp {row[key]!r} is not a number") from None
+        stated = _TIME_COLUMNS[str(key).lower()]
+        if unit is None:
+            unit = stated
+        elif stated is not None and stated != unit:
+            raise TraceError(f"{name} line {lineno}: {key!r} mixes timestamp units with earlier lines")
         i = _first(row, _INPUT_COLUMNS)
         o = _first(row, _OUTPUT_COLUMNS)
         if i is None or o is None:
@@ -203,10 +220,37 @@ def _read_jsonl(name: str, text: str) -> RequestTrace:
                 out.append(float(o))
             except (TypeError, ValueError):
                 raise TraceError(f"{name} line {lineno}: token counts must be numbers") from None
+    t = np.asarray(ts)
+    scale = unit if unit is not None else _time_unit_s(t, default=1e-3)
     return _finish_requests(
-        name, "jsonl (timestamp ms)", np.asarray(ts),
+        name, f"jsonl (timestamp {_UNIT_NAMES[scale]})", t * scale,
         np.asarray(inp) if tokens else None, np.asarray(out) if tokens else None,
     )
+
+
+_UNIT_NAMES = {1.0: "s", 1e-3: "ms", 1e-6: "us", 1e-9: "ns"}
+
+
+def _time_key(row: dict) -> str | None:
+    """The row's timestamp key (any case), or None."""
+    for k in row:
+        if str(k).lower() in _TIME_COLUMNS:
+            return k
+    return None
+
+
+def _time_unit_s(t: np.ndarray, default: float) -> float:
+    """Seconds per timestamp unit. Unix time is about 1.7e9 s now: timestamps whose earliest lies within
+    [1e9, 1e11) seconds (2001 to 5138) read in s, ms, us or ns are absolute times in that unit. Smaller
+    ones count from the trace's start, in the format's `default` unit (seconds for CSV, ms for JSONL)."""
+    finite = t[np.isfinite(t)]
+    if finite.size == 0:
+        return default
+    low = float(np.min(finite))
+    for unit in _UNITS_S:
+        if _EPOCH_SPAN_S[0] <= low * unit < _EPOCH_SPAN_S[1]:
+            return unit
+    return default
 
 
 def _first(row: dict, keys: tuple[str, ...]) -> object:
@@ -227,12 +271,12 @@ def _read_csv(name: str, text: str) -> Trace:
     rows = [r for r in reader if r and any(c.strip() for c in r)]
     if "t_s" in cols and any(c in cols for c in _RATE_COLUMNS):
         return _read_series(name, cols, rows)
-    if "timestamp" not in cols:
+    ti = next((i for i, c in enumerate(cols) if c in _TIME_COLUMNS), None)
+    if ti is None:
         raise TraceError(
             f"{name}: unrecognised CSV header {header!r}; expected a per-request trace with a "
             "'timestamp' column (optionally input/output token columns) or a series 't_s,total_rate_rps'"
         )
-    ti = cols.index("timestamp")
     ii = next((cols.index(c) for c in _INPUT_COLUMNS if c in cols), None)
     oi = next((cols.index(c) for c in _OUTPUT_COLUMNS if c in cols), None)
     for n, r in enumerate(rows, 2):
@@ -243,16 +287,12 @@ def _read_csv(name: str, text: str) -> Trace:
         raise TraceError(f"trace {name} has a header but no requests")
     try:
         t = np.asarray([float(x) for x in raw_t])
-        fmt = "csv (timestamp s)"
     except ValueError:
-        try:
-            stamps = np.asarray(raw_t, dtype="datetime64[ns]")
-        except ValueError as e:
-            raise TraceError(f"{name}: timestamps are neither seconds nor datetimes ({e})") from None
-        if np.any(np.isnat(stamps)):
-            raise TraceError(f"{name}: some timestamps are empty") from None
-        t = (stamps - stamps.min()).astype("timedelta64[ns]").astype(np.int64) / 1e9
-        fmt = "csv (datetime timestamps)"
+        t, fmt = _datetimes_s(name, raw_t), "csv (datetime timestamps)"
+    else:
+        stated = _TIME_COLUMNS[cols[ti]]
+        unit = stated if stated is not None else _time_unit_s(t, default=1.0)
+        t, fmt = t * unit, f"csv (timestamp {_UNIT_NAMES[unit]})"
     inp = out = None
     if ii is not None and oi is not None:
         try:
@@ -261,6 +301,30 @@ def _read_csv(name: str, text: str) -> Trace:
         except ValueError:
             raise TraceError(f"{name}: token counts must be numbers") from None
     return _finish_requests(name, fmt, t, inp, out)
+
+
+def _datetimes_s(name: str, raw: list[str]) -> np.ndarray:
+    """Seconds since the earliest of these datetimes. ISO 8601 with or without a UTC offset ('Z',
+    '+08:00': converted to UTC) or Azure's 7-digit fractions; naive ones are taken as they are."""
+    if not any(x.endswith("Z") or "+" in x[10:] or x[10:].count("-") for x in raw):
+        try:
+            stamps = np.asarray(raw, dtype="datetime64[ns]")
+        except ValueError as e:
+            raise TraceError(f"{name}: timestamps are neither numbers nor datetimes ({e})") from None
+        if np.any(np.isnat(stamps)):
+            raise TraceError(f"{name}: some timestamps are empty") from None
+        return (stamps - stamps.min()).astype("timedelta64[ns]").astype(np.int64) / 1e9
+    import datetime as dt
+
+    try:
+        parsed = [dt.datetime.fromisoformat(x) for x in raw]
+    except ValueError as e:
+        raise TraceError(f"{name}: timestamps are neither numbers nor datetimes ({e})") from None
+    if any(p.tzinfo is None for p in parsed) and any(p.tzinfo is not None for p in parsed):
+        raise TraceError(f"{name}: some timestamps carry a UTC offset and some do not")
+    secs = np.asarray([p.timestamp() if p.tzinfo is not None else (p - dt.datetime(1970, 1, 1)).total_seconds()
+                       for p in parsed])
+    return secs - secs.min()
 
 
 def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTrace:

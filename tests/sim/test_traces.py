@@ -46,6 +46,21 @@ def test_series_zero_kept_when_traffic_is_small(tmp_path):
     assert tr.missing_windows == 0 and tr.rate_rps[1] == 0.0
 
 
+def test_series_rows_absent_from_the_log_are_missing_windows(tmp_path):
+    """A row the log lacks is a gap of whole windows: missing data, in place, not a changed window."""
+    p = tmp_path / "gaps.csv"
+    p.write_text("t_s,total_rate_rps,rate_weighted_cv\n0,1.0,1.2\n60,2.0,1.1\n240,3.0,1.3\n300,0.5,\n")
+    tr = load_trace(p)
+    assert isinstance(tr, SeriesTrace) and tr.window_s == 60 and tr.missing_windows == 2
+    assert list(tr.t_s) == [0.0, 60.0, 120.0, 180.0, 240.0, 300.0]
+    np.testing.assert_array_equal(tr.rate_rps, [1.0, 2.0, np.nan, np.nan, 3.0, 0.5])
+    np.testing.assert_array_equal(tr.cv, [1.2, 1.1, np.nan, np.nan, 1.3, np.nan])
+    # a step that is not a whole number of the typical window is not a gap: the series says why
+    p.write_text("t_s,total_rate_rps\n0,1\n600,2\n900,3\n")
+    with pytest.raises(TraceError, match="whole multiples"):
+        load_trace(p)
+
+
 def test_rate_scale(data_dir, tmp_path):
     base = load_trace(data_dir / "mooncake_conversation_excerpt.jsonl")
     double = load_trace(data_dir / "mooncake_conversation_excerpt.jsonl", rate_scale=2.0)

@@ -10,7 +10,8 @@ Formats are auto-detected from the file itself (never from its name alone):
   milliseconds (1.7e12) as milliseconds, a JSONL of epoch seconds (1.7e9) as seconds (`_time_unit_s`);
   a `timestamp_ms` / `timestamp_s` column says its unit outright; datetimes may carry a UTC offset;
 * per-window count series `t_s,total_rate_rps` (ServeGen, 10-minute windows). Exactly-zero windows
-  in a busy series are logging gaps, so they become missing data (NaN), not zero traffic.
+  in a busy series are logging gaps, so they become missing data (NaN), not zero traffic; so do the
+  windows of rows the log lacks.
 """
 
 from __future__ import annotations
@@ -339,21 +340,7 @@ def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTra
         rate = np.asarray([float(r[ri]) if r[ri].strip() else math.nan for r in rows])
     except (ValueError, IndexError):
         raise TraceError(f"series {name}: t_s and the rate must be numbers on every row") from None
-    steps = np.diff(t)
-    if np.any(steps <= 0) or not np.allclose(steps, steps[0]):
-        raise TraceError(f"series {name}: t_s must increase by a constant window (got steps {np.unique(steps)[:5]})")
-    if np.any(rate[np.isfinite(rate)] < 0):
-        raise TraceError(f"series {name}: negative request rates")
-    window = float(steps[0])
-    typical = np.nanmedian(rate) * window if np.any(np.isfinite(rate)) else 0.0
-    zero = rate == 0
-    if ci is not None:
-        clients = np.asarray([float(r[ci] or 0) for r in rows])
-        zero &= clients == 0
-    if typical >= _GAP_MIN_TYPICAL_REQUESTS:
-        rate = np.where(zero, math.nan, rate)
-    if not np.any(np.isfinite(rate)):
-        raise TraceError(f"series {name} has no usable windows")
+    clients = np.asarray([float(r[ci] or 0) for r in rows]) if ci is not None else None
     cv = None
     if vi is not None:
         try:
@@ -362,8 +349,45 @@ def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTra
             raise TraceError(f"series {name}: rate_weighted_cv must be a number (or empty) on every row") from None
         if np.any(cv[np.isfinite(cv)] < 0):
             raise TraceError(f"series {name}: negative rate_weighted_cv")
+    if np.any(rate[np.isfinite(rate)] < 0):
+        raise TraceError(f"series {name}: negative request rates")
+    window, slots = _window_slots(name, t)
+    if len(slots) < int(slots[-1]) + 1:  # a row absent from the log is a logging gap: missing data, not zero traffic
+        rate, clients, cv = (_spread(a, slots) for a in (rate, clients, cv))
+        t = t[0] + window * np.arange(len(rate))
+    typical = np.nanmedian(rate) * window if np.any(np.isfinite(rate)) else 0.0
+    zero = rate == 0
+    if clients is not None:
+        zero &= clients == 0
+    if typical >= _GAP_MIN_TYPICAL_REQUESTS:
+        rate = np.where(zero, math.nan, rate)
+    if not np.any(np.isfinite(rate)):
+        raise TraceError(f"series {name} has no usable windows")
     fmt = f"series ({window:g}s windows{', inter-arrival CV' if cv is not None else ''})"
     return SeriesTrace(name, t - t[0], rate, window, fmt, cv=cv)
+
+
+def _window_slots(name: str, t: np.ndarray) -> tuple[float, np.ndarray]:
+    """(the window, each row's window index from the first). Rows must be in time order; the window is the
+    typical (median) step, and a step of a whole number of windows means rows are missing in between."""
+    steps = np.diff(t)
+    if np.any(steps <= 0):
+        raise TraceError(f"series {name}: t_s must increase from row to row")
+    window = float(np.median(steps))
+    slots = np.rint((t - t[0]) / window)
+    if not np.allclose(slots * window, t - t[0], rtol=0.0, atol=1e-6 * window):
+        raise TraceError(f"series {name}: t_s must increase by a constant window, or whole multiples of it where "
+                         f"rows are missing (got steps {np.unique(steps)[:5]})")
+    return window, slots.astype(int)
+
+
+def _spread(a: np.ndarray | None, slots: np.ndarray) -> np.ndarray | None:
+    """`a` placed at its window indices, NaN in the windows no row has."""
+    if a is None:
+        return None
+    out = np.full(int(slots[-1]) + 1, math.nan)
+    out[slots] = a
+    return out
 
 
 @dataclass(frozen=True)

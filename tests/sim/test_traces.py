@@ -55,6 +55,10 @@ def test_series_rows_absent_from_the_log_are_missing_windows(tmp_path):
     assert list(tr.t_s) == [0.0, 60.0, 120.0, 180.0, 240.0, 300.0]
     np.testing.assert_array_equal(tr.rate_rps, [1.0, 2.0, np.nan, np.nan, 3.0, 0.5])
     np.testing.assert_array_equal(tr.cv, [1.2, 1.1, np.nan, np.nan, 1.3, np.nan])
+    # requests counted per window instead of a rate
+    p.write_text("t_s,requests\n0,60\n60,120\n120,30\n240,90\n")
+    counted = load_trace(p)
+    np.testing.assert_array_equal(counted.rate_rps, [1.0, 2.0, 0.5, np.nan, 1.5])
     # a step that is not a whole number of the typical window is not a gap: the series says why
     p.write_text("t_s,total_rate_rps\n0,1\n600,2\n900,3\n")
     with pytest.raises(TraceError, match="whole multiples"):

@@ -9,7 +9,8 @@ Formats are auto-detected from the file itself (never from its name alone):
 * numeric timestamps that are Unix time are read in the unit that makes them so: a CSV of epoch
   milliseconds (1.7e12) as milliseconds, a JSONL of epoch seconds (1.7e9) as seconds (`_time_unit_s`);
   a `timestamp_ms` / `timestamp_s` column says its unit outright; datetimes may carry a UTC offset;
-* per-window count series `t_s,total_rate_rps` (ServeGen, 10-minute windows). Exactly-zero windows
+* per-window count series `t_s,total_rate_rps` (ServeGen, 10-minute windows), or `t_s,requests`
+  (or `count`) with the requests in each window. Exactly-zero windows
   in a busy series are logging gaps, so they become missing data (NaN), not zero traffic; so do the
   windows of rows the log lacks.
 """
@@ -38,6 +39,7 @@ _TIME_COLUMNS = {"timestamp": None, "timestamp_s": 1.0, "timestamp_ms": 1e-3}
 _EPOCH_SPAN_S = (1e9, 1e11)
 _UNITS_S = (1.0, 1e-3, 1e-6, 1e-9)
 _RATE_COLUMNS = ("total_rate_rps", "rate_rps")
+_COUNT_COLUMNS = ("requests", "count", "total_requests")  # requests per window: divided by the window
 # A window with exactly zero requests in a series that normally sees at least this many requests per
 # window cannot be real traffic (Poisson probability of zero is e^-100): it is a logging gap.
 _GAP_MIN_TYPICAL_REQUESTS = 100.0
@@ -270,7 +272,7 @@ def _read_csv(name: str, text: str) -> Trace:
         raise TraceError(f"trace {name} is empty") from None
     cols = [h.strip().lower() for h in header]
     rows = [r for r in reader if r and any(c.strip() for c in r)]
-    if "t_s" in cols and any(c in cols for c in _RATE_COLUMNS):
+    if "t_s" in cols and any(c in cols for c in _RATE_COLUMNS + _COUNT_COLUMNS):
         return _read_series(name, cols, rows)
     ti = next((i for i, c in enumerate(cols) if c in _TIME_COLUMNS), None)
     if ti is None:
@@ -330,7 +332,8 @@ def _datetimes_s(name: str, raw: list[str]) -> np.ndarray:
 
 def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTrace:
     ti = cols.index("t_s")
-    ri = next(cols.index(c) for c in _RATE_COLUMNS if c in cols)
+    ri = next(cols.index(c) for c in _RATE_COLUMNS + _COUNT_COLUMNS if c in cols)
+    counts = cols[ri] in _COUNT_COLUMNS
     ci = cols.index("active_clients") if "active_clients" in cols else None
     vi = cols.index("rate_weighted_cv") if "rate_weighted_cv" in cols else None
     if len(rows) < 2:
@@ -352,6 +355,8 @@ def _read_series(name: str, cols: list[str], rows: list[list[str]]) -> SeriesTra
     if np.any(rate[np.isfinite(rate)] < 0):
         raise TraceError(f"series {name}: negative request rates")
     window, slots = _window_slots(name, t)
+    if counts:
+        rate = rate / window
     if len(slots) < int(slots[-1]) + 1:  # a row absent from the log is a logging gap: missing data, not zero traffic
         rate, clients, cv = (_spread(a, slots) for a in (rate, clients, cv))
         t = t[0] + window * np.arange(len(rate))

@@ -50,6 +50,24 @@ def test_frontier_writes_every_policy_points_cost_and_a_png(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_frontier_jobs_sweep_policies_in_parallel_with_the_same_points(tmp_path, capsys):
+    trace = write_series(tmp_path / "d.csv", RATES)
+    docs = []
+    for jobs in ("1", "3"):
+        out = tmp_path / f"f{jobs}.json"
+        assert preheat_main(["frontier", "--trace", str(trace), "--policy", "preheat,kpa,fixed", "--jobs", jobs,
+                             "--utilizations", "0.5,0.9", "--cold-start", "60", "--json", str(out)]) == 0
+        docs.append(json.loads(out.read_text()))
+    one, three = docs
+    assert three["jobs"] == 3 and list(three["policies"]) == ["preheat", "kpa", "fixed"]
+    for name in one["policies"]:
+        assert three["policies"][name]["points"] == one["policies"][name]["points"]
+        assert three["policies"][name]["cost_at_slo"] == one["policies"][name]["cost_at_slo"]
+    assert three["cpu_s"] == pytest.approx(sum(p["cpu_s"] for p in three["policies"].values()))
+    assert preheat_main(["frontier", "--trace", str(trace), "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["0,0.5", "1.2", "x"])
 def test_frontier_rejects_bad_utilizations(tmp_path, capsys, bad):
     trace = write_series(tmp_path / "d.csv", RATES[:12])

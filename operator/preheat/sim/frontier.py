@@ -45,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.prog, p.description = "preheat frontier", __doc__
     p.add_argument("--utilizations", default=",".join(f"{u:g}" for u in UTILIZATIONS),
                    help="comma list of target utilizations to sweep (default 0.3..1.0 by 0.1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="policies swept at once, one process each (default 1; the results are the same)")
     p.add_argument("--slo-targets", default=",".join(f"{x:g}" for x in SLO_TARGETS),
                    help="SLO attainments cost_at_slo is reported for (default 0.99,0.999)")
     return p
@@ -87,41 +89,54 @@ def cost_at_slo(points: list[dict[str, Any]], targets: tuple[float, ...]) -> dic
 
 
 def sweep(w: Workload, cold: ColdStartModel, settings: SimSettings, names: list[str],
-          utilizations: tuple[float, ...], targets: tuple[float, ...]) -> dict[str, Any]:
-    """Every policy's frontier on one workload: {name: {points, cost_at_slo, cpu_s}}."""
-    policies: dict[str, Any] = {}
-    for name in names:
-        points, cpu = [], 0.0
-        if name == "fixed":
-            for n in fixed_sizes(w):
-                r = simulate(w, Fixed(n), cold, settings)
-                cpu += r.cpu_s
-                points.append({"replicas": n, "target_utilization": None, "slo_attainment": r.slo_attainment,
-                               "replica_seconds": r.replica_seconds})
-        elif name == "oracle":
-            for window in ORACLE_WINDOWS_S:
-                for u in oracle_utilizations(utilizations):
-                    s = replace(settings, target_utilization=u)
-                    r = simulate(w, Oracle(window_s=window), cold, s)
-                    cpu += r.cpu_s
-                    points.append({"target_utilization": u, "signal_window_s": window,
-                                   "slo_attainment": r.slo_attainment, "replica_seconds": r.replica_seconds})
-        else:
-            for u in utilizations:
+          utilizations: tuple[float, ...], targets: tuple[float, ...], jobs: int = 1) -> dict[str, Any]:
+    """Every policy's frontier on one workload: {name: {points, cost_at_slo, cpu_s}}. `jobs` > 1 sweeps
+    that many policies at once, one process each (the points and their order are the same)."""
+    args = [(name, w, cold, settings, utilizations, targets) for name in names]
+    if jobs > 1 and len(names) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
+            results = list(pool.map(_sweep_policy, args))
+    else:
+        results = [_sweep_policy(a) for a in args]
+    return dict(zip(names, results, strict=True))
+
+
+def _sweep_policy(job: tuple[str, Workload, ColdStartModel, SimSettings, tuple[float, ...], tuple[float, ...]]
+                  ) -> dict[str, Any]:
+    """One policy's points over its knob, its cost at each SLO target and the CPU it took."""
+    name, w, cold, settings, utilizations, targets = job
+    points, cpu = [], 0.0
+    if name == "fixed":
+        for n in fixed_sizes(w):
+            r = simulate(w, Fixed(n), cold, settings)
+            cpu += r.cpu_s
+            points.append({"replicas": n, "target_utilization": None, "slo_attainment": r.slo_attainment,
+                           "replica_seconds": r.replica_seconds})
+    elif name == "oracle":
+        for window in ORACLE_WINDOWS_S:
+            for u in oracle_utilizations(utilizations):
                 s = replace(settings, target_utilization=u)
-                try:
-                    r = simulate(w, make_policy(name, s, w, cold), cold, s)
-                except ValueError as e:
-                    raise SimError(f"{name} at target utilization {u:g}: {e}") from None
+                r = simulate(w, Oracle(window_s=window), cold, s)
                 cpu += r.cpu_s
-                points.append({"target_utilization": u, "slo_attainment": r.slo_attainment,
-                               "replica_seconds": r.replica_seconds,
-                               "warm_replica_seconds": r.replica_seconds_by_state.get("warm", 0.0)})
-        policies[name] = {"points": points, "cost_at_slo": cost_at_slo(points, targets), "cpu_s": cpu}
-        print(f"  {name:<8} " + "  ".join(
-            f"{k}: {'-' if v is None else f'{v / 3600:.1f} h'}" for k, v in policies[name]["cost_at_slo"].items()),
-            flush=True)
-    return policies
+                points.append({"target_utilization": u, "signal_window_s": window,
+                               "slo_attainment": r.slo_attainment, "replica_seconds": r.replica_seconds})
+    else:
+        for u in utilizations:
+            s = replace(settings, target_utilization=u)
+            try:
+                r = simulate(w, make_policy(name, s, w, cold), cold, s)
+            except ValueError as e:
+                raise SimError(f"{name} at target utilization {u:g}: {e}") from None
+            cpu += r.cpu_s
+            points.append({"target_utilization": u, "slo_attainment": r.slo_attainment,
+                           "replica_seconds": r.replica_seconds,
+                           "warm_replica_seconds": r.replica_seconds_by_state.get("warm", 0.0)})
+    result = {"points": points, "cost_at_slo": cost_at_slo(points, targets), "cpu_s": cpu}
+    print(f"  {name:<8} " + "  ".join(
+        f"{k}: {'-' if v is None else f'{v / 3600:.1f} h'}" for k, v in result["cost_at_slo"].items()), flush=True)
+    return result
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,13 +149,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     w = prepare_workload(trace, settings)
     print(f"{trace.describe()}\n{w.describe()}; cold start {cold.label}; SLO {settings.slo_ms:g} ms TTFT; "
           f"warm cost fraction {settings.warm_cost_fraction:g}", flush=True)
-    started = time.process_time()
-    policies = sweep(w, cold, settings, names, utilizations, targets)
+    started = time.perf_counter()
+    if args.jobs < 1:
+        raise SimError(f"--jobs must be at least 1, got {args.jobs}")
+    policies = sweep(w, cold, settings, names, utilizations, targets, jobs=args.jobs)
     out = {
         "trace": trace.describe(), "fleet": w.describe(), "cold_start": cold.label, "slo_ms": settings.slo_ms,
         "warm_cost_fraction": settings.warm_cost_fraction, "spec": args.spec, "bursty": settings.bursty,
         "utilizations": list(utilizations), "slo_targets": list(targets), "policies": policies,
-        "cpu_s": time.process_time() - started, "machine": machine(),
+        # the simulations' CPU, in this process or in the --jobs processes
+        "cpu_s": sum(p["cpu_s"] for p in policies.values()), "wall_s": time.perf_counter() - started,
+        "jobs": args.jobs, "machine": machine(),
     }
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,20 @@ def markdown(docs: list[dict[str, Any]]) -> str:
 def _interpolated(res: dict[str, Any], target: str) -> dict[str, Any]:
     """The interpolated comparison, recomputed from the points (JSON written before it existed too)."""
     return rows(res["policies"])[target]["interpolated"]
+
+
+def count_cheapest(verdicts: Iterable[dict[str, Any]]) -> tuple[int, int, int]:
+    """(rows some baseline reaches, those where Preheat is the cheapest on the grid, interpolated) over
+    rows with `best_baseline`, `margin_vs_best` and `interpolated.margin_vs_best` (a margin >= 0 wins)."""
+    n = grid = interp = 0
+    for v in verdicts:
+        if v["best_baseline"] is None:
+            continue
+        n += 1
+        grid += v["margin_vs_best"] is not None and v["margin_vs_best"] >= 0
+        m = v["interpolated"]["margin_vs_best"]
+        interp += m is not None and m >= 0
+    return n, grid, interp
 
 
 def margin_text(row: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 
-from preheat_lab.bench_frontier import margin_text, rows, why_missed
+from preheat_lab.bench_frontier import count_cheapest, margin_text, rows, why_missed
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 COLDS = ("30", "300")
@@ -128,17 +128,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def tally(results: list[dict[str, Any]]) -> dict[str, int]:
     """Rows some baseline reaches, and in how many Preheat is the cheapest, on the grid and interpolated;
     every policy at its defaults (the variants with a user's Preheat settings, `-stz`, left out)."""
-    n = grid = interp = 0
-    for r in results:
-        if "--preheat" in r["command"]:
-            continue
-        for row in r["rows"].values():
-            if row["best_baseline"] is None:
-                continue
-            n += 1
-            grid += row["margin_vs_best"] is not None and row["margin_vs_best"] >= 0
-            m = row["interpolated"]["margin_vs_best"]
-            interp += m is not None and m >= 0
+    n, grid, interp = count_cheapest(
+        row for r in results if "--preheat" not in r["command"] for row in r["rows"].values())
     return {"rows": n, "cheapest_on_grid": grid, "cheapest_interpolated": interp}
 
 

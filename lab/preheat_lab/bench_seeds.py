@@ -27,7 +27,7 @@ from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 
-from preheat_lab.bench_frontier import frontier_stem, margin_text, rows
+from preheat_lab.bench_frontier import count_cheapest, frontier_stem, margin_text, rows
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 SERIES = ("deepseek-r1", "m-small", "m-mid")  # the traces whose arrivals the seed draws
@@ -84,16 +84,8 @@ def markdown(doc: dict[str, Any]) -> str:
 def tally(doc: dict[str, Any]) -> dict[str, Any]:
     """How many (trace, cold start, SLO, seed) cells with a baseline reaching the SLO Preheat is the
     cheapest in, on the grid and interpolated."""
-    n = grid = interp = 0
-    for cell in doc["cells"]:
-        for by_target in cell["by_seed"].values():
-            for v in by_target.values():
-                if v["best_baseline"] is None:
-                    continue
-                n += 1
-                grid += v["margin_vs_best"] is not None and v["margin_vs_best"] >= 0
-                m = v["interpolated"]["margin_vs_best"]
-                interp += m is not None and m >= 0
+    n, grid, interp = count_cheapest(
+        v for cell in doc["cells"] for by_target in cell["by_seed"].values() for v in by_target.values())
     return {"cells": n, "cheapest_on_grid": grid, "cheapest_interpolated": interp}
 
 

@@ -18,6 +18,7 @@ Formats are auto-detected from the file itself (never from its name alone):
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import math
@@ -38,6 +39,7 @@ _TIME_COLUMNS = {"timestamp": None, "timestamp_s": 1.0, "timestamp_ms": 1e-3}
 # Absolute timestamps: seconds since the Unix epoch from 2001 to 5138, in one of these units.
 _EPOCH_SPAN_S = (1e9, 1e11)
 _UNITS_S = (1.0, 1e-3, 1e-6, 1e-9)
+_UNIT_NAMES = {1.0: "s", 1e-3: "ms", 1e-6: "us", 1e-9: "ns"}
 _RATE_COLUMNS = ("total_rate_rps", "rate_rps")
 _COUNT_COLUMNS = ("requests", "count", "total_requests")  # requests per window: divided by the window
 # A window with exactly zero requests in a series that normally sees at least this many requests per
@@ -231,8 +233,6 @@ def _read_jsonl(name: str, text: str) -> RequestTrace:
     )
 
 
-_UNIT_NAMES = {1.0: "s", 1e-3: "ms", 1e-6: "us", 1e-9: "ns"}
-
 
 def _time_key(row: dict) -> str | None:
     """The row's timestamp key (any case), or None."""
@@ -317,8 +317,6 @@ def _datetimes_s(name: str, raw: list[str]) -> np.ndarray:
         if np.any(np.isnat(stamps)):
             raise TraceError(f"{name}: some timestamps are empty") from None
         return (stamps - stamps.min()).astype("timedelta64[ns]").astype(np.int64) / 1e9
-    import datetime as dt
-
     try:
         parsed = [dt.datetime.fromisoformat(x) for x in raw]
     except ValueError as e:

@@ -153,10 +153,17 @@ def _flat_requests(tmp_path):
     return write_requests(tmp_path / "flat.csv", times, inp=800, out=300)
 
 
-@pytest.mark.parametrize("case", ["day-series-300s", "flat-requests-300s"])
+# Half of each day without a request, on a series quiet enough that its zeros are idle hours, not
+# logging gaps: KEDA and KPA scale to zero there (an oracle that kept one replica cost 1.5x KPA).
+IDLE_RATES = [0.0 if (h // 6) % 24 < 12 else 0.1 + 0.05 * np.sin(2 * np.pi * (h / 6) / 24) for h in range(144)]
+
+
+@pytest.mark.parametrize("case", ["day-series-300s", "flat-requests-300s", "idle-series-30s"])
 def test_oracle_costs_no_more_than_any_causal_policy_at_each_slo(tmp_path, case):
     if case.startswith("day"):
         path, settings = write_series(tmp_path / "d.csv", RATES), SimSettings(capacity_rps=20.0)
+    elif case.startswith("idle"):
+        path, settings = write_series(tmp_path / "i.csv", IDLE_RATES), SimSettings(capacity_rps=0.05)
     else:
         path, settings = _flat_requests(tmp_path), SimSettings(slots=3)
     res = _sweep_all(path, settings, case.rsplit("-", 1)[1].removesuffix("s"))

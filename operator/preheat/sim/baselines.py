@@ -346,7 +346,7 @@ class Oracle(Baseline):
         # The starting fleet covers what comes before a replica started at 0 could be Ready (with a
         # 300 s cold start on a short trace, nothing it starts later ever serves).
         horizon = self.ctx.cold_starts.peek() + self._tick()
-        return max(1, self.ctx.need(self._peak(0.0, horizon))), 0
+        return self.ctx.need(self._peak(0.0, horizon)), 0
 
     def _peak(self, now: float, horizon: float) -> float:
         n = len(self._signal)
@@ -358,7 +358,10 @@ class Oracle(Baseline):
         now, tick = obs.time_s, self._tick()
         draws = self.ctx.cold_starts.upcoming(self.max_new_per_tick)
         horizon = draws[0] + tick
-        n = max(1, self.ctx.need(self._peak(now, horizon)))  # keep: a replacement takes the next draw
+        # Kept while the signal needs it before a replacement could be Ready (the next draw); none where
+        # no request comes within it: foresight scales to zero (KEDA and Knative do by default, so an
+        # oracle that kept one replica cost more than KEDA on traffic with idle hours).
+        n = self.ctx.need(self._peak(now, horizon))
         base = max(n, obs.current_serving)
         for j, cold in enumerate(draws, start=1):  # start the j-th new replica if needed within its draw
             if self.ctx.need(self._peak(now, cold + tick)) < base + j:

@@ -58,11 +58,21 @@ def stored_baselines(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] |
     doc = json.loads(p.read_text())
     first = next(iter(doc["warm_cost_fractions"].values()))["policies"]
     base = {n: v for n, v in first.items() if n != "preheat"}
-    return {"policies": base, "machine": doc.get("machine"), "cpu_s": doc.get("cpu_s")}
+    return {"policies": base, "machine": doc.get("machine"), "cpu_s": doc.get("cpu_s"),
+            "earlier": doc.get("baselines_from")}
+
+
+def stored_preheat(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] | None:
+    """Preheat's sweep per warm cost fraction from this (trace, cold start)'s stored JSON, or None."""
+    p = out_dir / f"{frontier_stem(key, cold_key)}.json"
+    if not p.exists():
+        return None
+    doc = json.loads(p.read_text())
+    return {f: res["policies"]["preheat"] for f, res in doc["warm_cost_fractions"].items()}
 
 
 def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
-            preheat_only: bool = False) -> dict[str, Any]:
+            preheat_only: bool = False, oracle_only: bool = False) -> dict[str, Any]:
     argv = ["--trace", str(path), "--cold-start", cold_arg]
     args = cli.parser().parse_args(argv)
     settings = cli.settings_from(args)
@@ -73,13 +83,22 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
     print(f"\n== {key}, cold start {cold_key} ({cold.label})", flush=True)
     baselines = [n for n in POLICY_NAMES if n != "preheat"]
     by_fraction: dict[str, Any] = {}
-    stored = stored_baselines(out_dir, key, cold_key) if preheat_only else None
-    if preheat_only and stored is None:
-        print(f"  no stored baselines for {key} {cold_key}: running them", flush=True)
-    base = stored["policies"] if stored is not None else sweep(w, cold, settings, baselines, UTILIZATIONS, SLO_TARGETS)
+    stored = stored_baselines(out_dir, key, cold_key) if preheat_only or oracle_only else None
+    kept_preheat = stored_preheat(out_dir, key, cold_key) if oracle_only else None
+    if (preheat_only or oracle_only) and stored is None:
+        print(f"  no stored sweeps for {key} {cold_key}: running them all", flush=True)
+    if stored is None:
+        base = sweep(w, cold, settings, baselines, UTILIZATIONS, SLO_TARGETS)
+    elif oracle_only:  # the oracle's reference changed; the causal policies' sweeps do not read it
+        base = {**stored["policies"], **sweep(w, cold, settings, ["oracle"], UTILIZATIONS, SLO_TARGETS)}
+    else:
+        base = stored["policies"]
     for f in WARM_FRACTIONS:
         print(f"  warm cost fraction {f:g}:", flush=True)
-        pre = sweep(w, cold, replace(settings, warm_cost_fraction=f), ["preheat"], UTILIZATIONS, SLO_TARGETS)
+        if kept_preheat is not None and f"{f:g}" in kept_preheat:
+            pre = {"preheat": kept_preheat[f"{f:g}"]}
+        else:
+            pre = sweep(w, cold, replace(settings, warm_cost_fraction=f), ["preheat"], UTILIZATIONS, SLO_TARGETS)
         by_fraction[f"{f:g}"] = {"policies": {**pre, **base}, "rows": rows(pre | base)}
     doc = {
         "trace_key": key, "trace": trace.describe(), "fleet": w.describe(), "cold_key": cold_key,
@@ -92,9 +111,12 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
         "cpu_s": time.process_time() - started, "machine": machine(),
     }
     if stored is not None:
-        doc["baselines_from"] = {"note": "baseline and oracle sweeps kept from the previous run of this file "
-                                         "(--preheat-only): they do not depend on Preheat's policy",
-                                 "machine": stored["machine"], "cpu_s": stored["cpu_s"]}
+        kept = ("Preheat's and the baselines' sweeps kept from the previous run of this file (--oracle-only): "
+                "only the oracle, the reference, was rerun" if oracle_only else
+                "baseline and oracle sweeps kept from the previous run of this file (--preheat-only): they do "
+                "not depend on Preheat's policy")
+        doc["baselines_from"] = {"note": kept, "machine": stored["machine"], "cpu_s": stored["cpu_s"],
+                                 **({"earlier": stored["earlier"]} if stored.get("earlier") else {})}
     stem = frontier_stem(key, cold_key)
     (out_dir / f"{stem}.json").write_text(json.dumps(cli._json_safe(doc), indent=2))
     for f, res in by_fraction.items():
@@ -301,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-only", action="store_true", help="only rebuild frontier.md from the JSON files")
     ap.add_argument("--preheat-only", action="store_true",
                     help="rerun Preheat's sweeps only; keep the baselines' and the oracle's from the stored JSON")
+    ap.add_argument("--oracle-only", action="store_true",
+                    help="rerun the oracle's sweeps only; keep Preheat's and the baselines' from the stored JSON")
     args = ap.parse_args(argv)
+    if args.preheat_only and args.oracle_only:
+        ap.error("--preheat-only and --oracle-only each keep what the other reruns: pick one")
     tdir, out_dir = Path(args.traces_dir), Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = args.only.split(",") if args.only else list(TRACES)
@@ -316,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {key}: {path} not found", file=sys.stderr)
             continue
         for cold_key in (c.strip() for c in args.colds.split(",")):
-            run_one(key, path, cold_key, COLDS[cold_key] or str(tdir / COLD_FILE), out_dir, args.preheat_only)
+            run_one(key, path, cold_key, COLDS[cold_key] or str(tdir / COLD_FILE), out_dir, args.preheat_only,
+                    args.oracle_only)
             write_table(out_dir)
     print("\n" + write_table(out_dir))
     return 0

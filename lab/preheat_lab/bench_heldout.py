@@ -11,7 +11,8 @@ tuned: it measures where the policy does not win, too.
 
     python -m preheat_lab.bench_heldout --out bench-results/heldout.json [--only deepseek-r1-idle]
 
-`--only` reruns those variants and keeps the other rows of an existing `--out` file. `--seed N` draws other
+`--only` reruns those variants and keeps the other rows of an existing `--out` file; `--oracle-only` reruns
+only the oracle's sweeps in them (the reference) and keeps the other policies'. `--seed N` draws other
 arrivals inside each window (and other cold starts); `--compare-seeds 0=A.json 1=B.json` writes the
 per-seed verdicts side by side (`make bench-heldout-seeds`), so a row decided by one draw's luck shows.
 
@@ -23,8 +24,9 @@ Variants (warm cost 1.0, cold start 30 s and 300 s):
   idle in its troughs; m-small's are mostly nights, a pattern its 14 days let a forecaster learn);
   `deepseek-r1-idle-stz`, `m-small-idle-stz`: the same with Preheat's scale to zero on (`minReplicas: 0`,
   `scaleToZero: true`), as a user of such traffic would set it (Knative's KPA and KEDA scale to zero by
-  default; the oracle keeps one replica). At zero pods Preheat's activator holds and counts the requests:
-  the operator reads its counter through the same scrape, and the first requests wake the endpoint.
+  default; the oracle, knowing when the next request comes, does too). At zero pods Preheat's activator
+  holds and counts the requests: the operator reads its counter through the same scrape, and the first
+  requests wake the endpoint.
 """
 
 from __future__ import annotations
@@ -94,14 +96,21 @@ def idle_copy(src: Path, out: Path) -> Path:
     return out
 
 
-def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0) -> dict[str, Any]:
+def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0,
+                kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One (variant, cold start) row: every policy's sweep, or with `kept` (that row as stored) only the
+    oracle's, the reference, and the causal policies' sweeps as they were (they never read it)."""
     argv = ["--trace", str(path), "--cold-start", cold_arg, "--peak-replicas", str(v.peak_replicas),
             *(a for kv in v.preheat for a in ("--preheat", kv)), *(("--seed", str(seed)) if seed else ())]
     settings = cli.settings_from(cli.parser().parse_args(argv))
     trace = load_trace(str(path), seed=seed)
     w = prepare_workload(trace, settings)
     started = time.process_time()
-    policies = sweep(w, load_cold_start(cold_arg), settings, list(POLICY_NAMES), UTILIZATIONS, SLO_TARGETS)
+    if kept is None:
+        policies = sweep(w, load_cold_start(cold_arg), settings, list(POLICY_NAMES), UTILIZATIONS, SLO_TARGETS)
+    else:
+        oracle = sweep(w, load_cold_start(cold_arg), settings, ["oracle"], UTILIZATIONS, SLO_TARGETS)
+        policies = {**kept["policies"], **oracle}
     return {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "seed": seed, "fleet": w.describe(),
             "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
             "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started,
@@ -165,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="draw of the arrivals inside each window and of the cold starts (default 0; other "
                     "seeds check that a row's verdict is not one draw's luck: write them to another --out)")
     ap.add_argument("--table-only", action="store_true", help="only rebuild the .md table from --out")
+    ap.add_argument("--oracle-only", action="store_true",
+                    help="rerun the oracle's sweeps only; keep the other policies' from the rows stored in --out")
     ap.add_argument("--compare-seeds", nargs="+", metavar="SEED=JSON",
                     help="only write --out (markdown) comparing runs of other seeds, e.g. 0=heldout.json "
                     "1=heldout-seed1.json")
@@ -187,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         return 0
     wanted = set(args.only.split(",")) if args.only else None
+    stored = {(r["variant"], r["cold_start_s"]): r for r in json.loads(out.read_text())["results"]} \
+        if args.oracle_only and out.exists() else {}
+    if args.oracle_only and not stored:
+        ap.error(f"--oracle-only keeps the other policies' sweeps from --out, and {out} has none")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for v in VARIANTS:
@@ -200,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
                 path = idle_copy(path, Path(tmp) / f"{v.name}.csv")
             for cold in COLDS:
                 print(f"== {v.name}, cold start {cold} s", flush=True)
-                results.append(run_variant(v, path, cold, args.seed))
+                kept = stored.get((v.name, float(cold))) if args.oracle_only else None
+                if args.oracle_only and kept is None:
+                    print(f"  {v.name} at {cold} s is not in {out}: running every policy", flush=True)
+                elif kept is not None and kept.get("seed", 0) != args.seed:
+                    ap.error(f"--oracle-only: {out} holds seed {kept.get('seed', 0)}'s draws, not seed {args.seed}'s")
+                results.append(run_variant(v, path, cold, args.seed, kept))
     if wanted is not None and out.exists():  # --only reruns those variants and keeps the others' rows
         kept = [r for r in json.loads(out.read_text())["results"] if r["variant"] not in wanted]
         order = {v.name: i for i, v in enumerate(VARIANTS)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 from preheat_lab.bench_heldout import Variant, idle_copy, markdown, run_variant, seeds_markdown, tally
 
@@ -54,3 +55,17 @@ def test_a_seed_draws_other_arrivals_and_says_so(tmp_path):
     table = seeds_markdown({0: [runs[0]], 1: [runs[1]]})
     assert table.count("| cv | 30 s |") == 2  # one row per SLO target, a column per seed
     assert "- seed 0: Preheat the cheapest in" in table and "- seed 1: Preheat the cheapest in" in table
+
+
+def test_oracle_only_reruns_the_reference_and_keeps_every_causal_policy_s_sweep(tmp_path):
+    path = idle_copy(write_series(tmp_path / "d.csv", RATES), tmp_path / "idle.csv")
+    v = Variant("idle", "deepseek-r1", idle=True)
+    full = run_variant(v, path, "30")
+    stored = json.loads(json.dumps(full))
+    stored["policies"]["kpa"]["points"][0]["replica_seconds"] = 1.0  # a mark: kept rows are not rerun
+    stored["policies"]["oracle"] = {"points": [], "cost_at_slo": {"0.99": None, "0.999": None}, "cpu_s": 0.0}
+    again = run_variant(v, path, "30", kept=stored)
+    assert again["policies"]["kpa"]["points"][0]["replica_seconds"] == 1.0
+    assert again["policies"]["preheat"] == stored["policies"]["preheat"]
+    assert again["policies"]["oracle"]["points"] == full["policies"]["oracle"]["points"]  # the reference, rerun
+    assert again["rows"]["0.99"]["cost"]["oracle"] == full["rows"]["0.99"]["cost"]["oracle"] is not None

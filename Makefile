@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries peers peers-hpa node-binaries images shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-heldout-seeds bench-seeds bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-heldout-seeds bench-idle-nights bench-seeds bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -111,6 +111,18 @@ bench-heldout-seeds: setup
 	wait $$p1 && wait $$p2
 	$(PY) -m preheat_lab.bench_heldout --compare-seeds 0=bench-results/heldout.json \
 		1=bench-results/heldout-seed1.json 2=bench-results/heldout-seed2.json --out bench-results/heldout_seeds.md
+
+# A synthetic serverless endpoint with idle nights (preheat_lab.idle_nights), every policy at its defaults and
+# Preheat with scaleToZero: bench-results/frontier-idle-nights-measured*.
+IDLE_NIGHTS := $(PREHEAT_CACHE)/idle-nights.csv
+bench-idle-nights: setup
+	@mkdir -p $(PREHEAT_CACHE)
+	$(PY) -m preheat_lab.idle_nights $(IDLE_NIGHTS)
+	$(VENV)/bin/preheat frontier --trace $(IDLE_NIGHTS) --cold-start ../shared/traces/alibaba_cold_starts_ms.csv --jobs 2 \
+		--json bench-results/frontier-idle-nights-measured.json --plot bench-results/frontier-idle-nights-measured.png
+	$(VENV)/bin/preheat frontier --trace $(IDLE_NIGHTS) --cold-start ../shared/traces/alibaba_cold_starts_ms.csv \
+		--policy preheat --preheat min_replicas=0 --preheat scale_to_zero=true \
+		--json bench-results/frontier-idle-nights-measured-stz.json
 
 # The frontier's verdict on other draws of the arrivals (seeds 1, 2; seed 0 from bench-frontier's JSON).
 bench-seeds: setup

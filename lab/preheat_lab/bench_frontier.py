@@ -49,26 +49,18 @@ def frontier_stem(key: str, cold_key: str) -> str:
     return f"frontier-{key}-{cold_key.replace(' ', '')}"
 
 
-def stored_baselines(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] | None:
-    """The baselines' sweeps (and the oracle's) from this (trace, cold start)'s stored JSON, or None. They
-    do not read Preheat's policy or the warm cost fraction, so a Preheat-only rerun keeps them."""
+def stored_sweeps(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] | None:
+    """This (trace, cold start)'s stored JSON, read once, or None: the baselines' sweeps and the oracle's
+    (they do not read Preheat's policy or the warm cost fraction, so a Preheat-only rerun keeps them),
+    Preheat's per warm cost fraction (an oracle-only rerun keeps those) and where they came from."""
     p = out_dir / f"{frontier_stem(key, cold_key)}.json"
     if not p.exists():
         return None
     doc = json.loads(p.read_text())
     first = next(iter(doc["warm_cost_fractions"].values()))["policies"]
-    base = {n: v for n, v in first.items() if n != "preheat"}
-    return {"policies": base, "machine": doc.get("machine"), "cpu_s": doc.get("cpu_s"),
-            "earlier": doc.get("baselines_from")}
-
-
-def stored_preheat(out_dir: Path, key: str, cold_key: str) -> dict[str, Any] | None:
-    """Preheat's sweep per warm cost fraction from this (trace, cold start)'s stored JSON, or None."""
-    p = out_dir / f"{frontier_stem(key, cold_key)}.json"
-    if not p.exists():
-        return None
-    doc = json.loads(p.read_text())
-    return {f: res["policies"]["preheat"] for f, res in doc["warm_cost_fractions"].items()}
+    return {"policies": {n: v for n, v in first.items() if n != "preheat"},
+            "preheat": {f: res["policies"]["preheat"] for f, res in doc["warm_cost_fractions"].items()},
+            "machine": doc.get("machine"), "cpu_s": doc.get("cpu_s"), "earlier": doc.get("baselines_from")}
 
 
 def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
@@ -83,8 +75,8 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
     print(f"\n== {key}, cold start {cold_key} ({cold.label})", flush=True)
     baselines = [n for n in POLICY_NAMES if n != "preheat"]
     by_fraction: dict[str, Any] = {}
-    stored = stored_baselines(out_dir, key, cold_key) if preheat_only or oracle_only else None
-    kept_preheat = stored_preheat(out_dir, key, cold_key) if oracle_only else None
+    stored = stored_sweeps(out_dir, key, cold_key) if preheat_only or oracle_only else None
+    kept_preheat = stored["preheat"] if oracle_only and stored is not None else None
     if (preheat_only or oracle_only) and stored is None:
         print(f"  no stored sweeps for {key} {cold_key}: running them all", flush=True)
     if stored is None:

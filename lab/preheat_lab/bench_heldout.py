@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = idle_copy(path, Path(tmp) / f"{v.name}.csv")
             for cold in COLDS:
                 print(f"== {v.name}, cold start {cold} s", flush=True)
-                kept = stored.get((v.name, float(cold))) if args.oracle_only else None
+                kept = stored.get((v.name, float(cold)))  # empty unless --oracle-only
                 if args.oracle_only and kept is None:
                     print(f"  {v.name} at {cold} s is not in {out}: running every policy", flush=True)
                 elif kept is not None and kept.get("seed", 0) != args.seed:

@@ -233,7 +233,6 @@ def _read_jsonl(name: str, text: str) -> RequestTrace:
     )
 
 
-
 def _time_key(row: dict) -> str | None:
     """The row's timestamp key (any case), or None."""
     for k in row:

@@ -111,11 +111,22 @@ def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0,
     else:
         oracle = sweep(w, load_cold_start(cold_arg), settings, ["oracle"], UTILIZATIONS, SLO_TARGETS)
         policies = {**kept["policies"], **oracle}
-    return {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "seed": seed, "fleet": w.describe(),
-            "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
-            "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started,
-            # per row: `--only` reruns keep other rows, which ran on another day (and maybe machine)
-            "machine": machine(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    row = {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "seed": seed, "fleet": w.describe(),
+           "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
+           "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started,
+           # per row: `--only` reruns keep other rows, which ran on another day (and maybe machine)
+           "machine": machine(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if kept is not None:
+        row["causal_sweeps_from"] = causal_provenance(kept)
+    return row
+
+
+def causal_provenance(kept: dict[str, Any]) -> dict[str, Any]:
+    """Where an `--oracle-only` row's kept sweeps (every policy but the oracle) ran: the stored row's own
+    record of an earlier `--oracle-only` rerun, else the stored row's run (machine, time, CPU)."""
+    if "causal_sweeps_from" in kept:
+        return kept["causal_sweeps_from"]
+    return {k: kept.get(k) for k in ("machine", "finished_utc", "cpu_s")}
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

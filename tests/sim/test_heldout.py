@@ -69,3 +69,8 @@ def test_oracle_only_reruns_the_reference_and_keeps_every_causal_policy_s_sweep(
     assert again["policies"]["preheat"] == stored["policies"]["preheat"]
     assert again["policies"]["oracle"]["points"] == full["policies"]["oracle"]["points"]  # the reference, rerun
     assert again["rows"]["0.99"]["cost"]["oracle"] == full["rows"]["0.99"]["cost"]["oracle"] is not None
+    # the kept sweeps say where they ran (the stored row's run), and a second rerun keeps that record
+    assert again["causal_sweeps_from"] == {k: stored[k] for k in ("machine", "finished_utc", "cpu_s")}
+    assert "causal_sweeps_from" not in full
+    stored_again = json.loads(json.dumps(again)) | {"finished_utc": "later"}
+    assert run_variant(v, path, "30", kept=stored_again)["causal_sweeps_from"] == again["causal_sweeps_from"]

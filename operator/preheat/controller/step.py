@@ -21,7 +21,7 @@ from preheat.controller.endpoint import Endpoint
 from preheat.controller.observe import MetricsResult
 from preheat.controller.spec import InferenceEndpointSpec, Mode
 from preheat.scaling.from_spec import forecast_ready, saved_state
-from preheat.scaling.policy.decide import clean_cold_starts, cold_start_s
+from preheat.scaling.policy.signal import clean_cold_starts, cold_start_s
 from preheat.scaling.policy.types import Decision, Observation, PolicyConfig
 
 PERSIST_EVERY_S = 60.0  # how often the forecaster's state goes into .status (it is rebuilt anyway)

@@ -9,12 +9,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from preheat.scaling.forecast import Forecaster, forecaster_from_dict, make_forecaster
-from preheat.scaling.policy.decide import (
-    decide_measured,
-    decide_panic,
-    is_valid_signal,
-    measured_cold_starts,
-)
+from preheat.scaling.policy.decide import decide_measured, decide_panic
+from preheat.scaling.policy.signal import is_valid_signal, measured_cold_starts
 from preheat.scaling.policy.types import Decision, Observation, PolicyConfig, PolicyState
 
 

@@ -57,7 +57,7 @@ class PolicyConfig:
     max_scale_up_rate: float = 1000.0
     # Scale-down stabilization window (HPA's rule: the highest recommendation within it wins). None:
     # HPA's 300 s; when forecasting 1 + 1/U lead times (two at U = 1; at least 300 s without the noise
-    # floor below; decide.stabilization_window_s, decide.hold_lead_times).
+    # floor below; scale_down.stabilization_window_s, scale_down.hold_lead_times).
     scale_down_stabilization_s: float | None = None
     max_scale_down_rate: float = 2.0
     warm_pool_min: int = 0
@@ -94,15 +94,15 @@ class PolicyConfig:
     # Prometheus' scrape interval: with half the stable window, the signal's own lag (in the lead time).
     scrape_interval_s: float = 15.0
     # A least-squares line through the signal over this many seconds floors the point forecast (AIBrix's
-    # short trend; decide._trend_floor): while the forecaster has no season yet (it forecasts the level)
+    # short trend; terms.trend_floor): while the forecaster has no season yet (it forecasts the level)
     # projected by the signal's lag + one interval; with its season projected over the lead time, as a
     # hedge against a surge the season does not hold that the scale-down window does not hold (warm
-    # margin instead where a warm replica pays; decide._forecast_with_trend). 0: off.
+    # margin instead where a warm replica pays; terms.forecast_with_trend). 0: off.
     trend_window_s: float = 300.0
     # A scale-down below what serves goes no lower than the need at the signal (or the forecast) plus
     # this many standard deviations of the signal's noise around its short trend (Shewhart's 3 sigma:
     # a dip within the noise is not evidence that demand fell). It replaces HPA's 300 s floor under
-    # the default forecasting window; a configured window has none (decide.noise_floor_on). 0: off.
+    # the default forecasting window; a configured window has none (scale_down.noise_floor_on). 0: off.
     scale_down_noise_sigmas: float = 3.0
 
     def __post_init__(self) -> None:
@@ -332,7 +332,7 @@ class PolicyState:
     total_recommendations: TimeWindow = field(default_factory=TimeWindow)
     cold_start_samples_s: tuple[float, ...] = field(default=())
     # Time of the last decision made on fresh data. A gap (holds in between) does not age the
-    # stabilization windows: the window measures observed time (see decide._resume_after_gap).
+    # stabilization windows: the window measures observed time (see scale_down.resume_after_gap).
     last_data_s: float | None = None
     # (time, short-window need) of recent bursts, a monotone max-queue over burst_memory_s.
     burst_needs: TimeWindow = field(default_factory=TimeWindow)

@@ -102,14 +102,17 @@ def concurrency_need(config: PolicyConfig, obs: Observation) -> tuple[float, int
 
 
 def sanitize_count(n: object) -> int:
+    """A replica count as reported: a non-negative int; missing, NaN or negative counts are 0."""
     if isinstance(n, bool) or not isinstance(n, int | float) or not math.isfinite(n):
         return 0
     return max(0, int(n))
 
 
 def finite(x: object) -> bool:
+    """A finite number (not a bool)."""
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def fmt(x: float | None) -> str:
+    """A value for a decision's detail text."""
     return "none" if x is None else f"{x:.4g}"

@@ -25,6 +25,8 @@ class Forecast:
 
 def forecast_terms(config: PolicyConfig, forecast_value: float | None, forecast_upper: float | None,
                    trend: float | None = None) -> Forecast:
+    """The forecast terms: the point forecast (floored by `trend` where given, which stands in for a
+    missing one) and the upper one (never below the point), each with the replicas it needs."""
     fv = float(forecast_value) if config.forecasting and is_valid_signal(forecast_value) else None
     if trend is not None and (fv is None or trend > fv):
         fv = trend  # the short trend's floor (`trend_floor`)
@@ -121,6 +123,7 @@ class Needs:
 
 
 def needs_now(config: PolicyConfig, obs: Observation, current: int, warm_ready: int) -> Needs:
+    """What the observed signals and the requests present need now (fresh data only)."""
     value = float(obs.value)  # type: ignore[arg-type]  # checked by the caller
     value_panic = float(obs.value_panic) if is_valid_signal(obs.value_panic) else value
     reactive_need = replicas_needed(value, config)

@@ -22,7 +22,6 @@ for a 4 vCPU / 16 GiB replica before the resize existed.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -35,6 +34,7 @@ from preheat.sim import cli
 from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, plot_frontier, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
+from preheat.sim.verdict import compare, margin_text
 
 from preheat_lab.bench_sim import COLD_FILE, TRACES, default_traces_dir
 
@@ -91,7 +91,7 @@ def run_one(key: str, path: Path, cold_key: str, cold_arg: str, out_dir: Path,
             pre = {"preheat": kept_preheat[f"{f:g}"]}
         else:
             pre = sweep(w, cold, replace(settings, warm_cost_fraction=f), ["preheat"], UTILIZATIONS, SLO_TARGETS)
-        by_fraction[f"{f:g}"] = {"policies": {**pre, **base}, "rows": rows(pre | base)}
+        by_fraction[f"{f:g}"] = {"policies": {**pre, **base}, "rows": compare(pre | base)}
     doc = {
         "trace_key": key, "trace": trace.describe(), "fleet": w.describe(), "cold_key": cold_key,
         "cold_start": cold.label, "slo_ms": settings.slo_ms, "bursty": settings.bursty,
@@ -149,54 +149,13 @@ def burst_check(path: Path, out: Path, rate_scale: float = 0.005, start_window: 
     return doc
 
 
-def interpolated_cost(points: list[dict[str, Any]], target: float) -> float | None:
-    """Replica-seconds at which the frontier (points by cost, attainment interpolated linearly
-    between neighbours) first reaches `target`; None if no point does. Less coarse than cost_at_slo
-    on a 0.1 grid of U, where a policy whose point lands just above the target looks cheap."""
-    pts = sorted((p["replica_seconds"], p["slo_attainment"]) for p in points)
-    best = None
-    for (c0, a0), (c1, a1) in itertools.pairwise(pts):
-        if a0 < target <= a1:
-            c = c0 + (c1 - c0) * (target - a0) / (a1 - a0)
-            best = c if best is None else min(best, c)
-    reached = [c for c, a in pts if a >= target]
-    if reached:
-        best = min(reached) if best is None else min(best, min(reached))
-    return best
-
-
-def rows(policies: dict[str, Any]) -> dict[str, Any]:
-    """Per SLO target: Preheat's cost, the best non-oracle baseline's, the margin, the oracle ratio."""
-    out: dict[str, Any] = {}
-    for target in (f"{t:g}" for t in SLO_TARGETS):
-        cost = {n: p["cost_at_slo"][target] for n, p in policies.items()}
-        others = {n: c for n, c in cost.items() if n not in ("preheat", "oracle") and c is not None}
-        best = min(others, key=others.get) if others else None
-        pre, oracle = cost.get("preheat"), cost.get("oracle")
-        out[target] = {
-            "cost": cost, "best_baseline": best,
-            "margin_vs_best": None if pre is None or best is None else 1 - pre / others[best],
-            "preheat_vs_oracle": None if pre is None or not oracle else pre / oracle,
-            "preheat_lowest": None if best is None else pre is not None and pre <= others[best],
-        }
-        interp = {n: interpolated_cost(p["points"], float(target)) for n, p in policies.items()}
-        rest = {n: c for n, c in interp.items() if n not in ("preheat", "oracle") and c is not None}
-        ibest = min(rest, key=rest.get) if rest else None
-        ipre = interp.get("preheat")
-        out[target]["interpolated"] = {
-            "cost": interp, "best_baseline": ibest,
-            "margin_vs_best": None if ipre is None or ibest is None else 1 - ipre / rest[ibest],
-        }
-    return out
-
-
 ORACLE_RATIO_TARGET = 1.2  # the issue's target: Preheat's cost_at_slo at most 1.2x the oracle's
 
 
 def why_missed(policies: dict[str, Any], target: str) -> str:
     """Why a row misses a target (the lowest non-oracle cost, at most 1.2x the oracle), in terms of the
     points that decide it; empty where both targets hold or no baseline reaches the SLO."""
-    row = rows(policies)[target]
+    row = compare(policies)[target]
     best, cost = row["best_baseline"], row["cost"]
     if best is None:
         return ""
@@ -278,7 +237,7 @@ def markdown(docs: list[dict[str, Any]]) -> str:
 
 def _interpolated(res: dict[str, Any], target: str) -> dict[str, Any]:
     """The interpolated comparison, recomputed from the points (JSON written before it existed too)."""
-    return rows(res["policies"])[target]["interpolated"]
+    return compare(res["policies"])[target]["interpolated"]
 
 
 def count_cheapest(verdicts: Iterable[dict[str, Any]]) -> tuple[int, int, int]:
@@ -293,15 +252,6 @@ def count_cheapest(verdicts: Iterable[dict[str, Any]]) -> tuple[int, int, int]:
         m = v["interpolated"]["margin_vs_best"]
         interp += m is not None and m >= 0
     return n, grid, interp
-
-
-def margin_text(row: dict[str, Any]) -> str:
-    m, best = row["margin_vs_best"], row["best_baseline"]
-    if best is None:
-        return "no baseline reaches it"
-    if m is None:
-        return "Preheat does not reach it"
-    return f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {best}"
 
 
 def main(argv: list[str] | None = None) -> int:

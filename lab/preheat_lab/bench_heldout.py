@@ -45,8 +45,9 @@ from preheat.sim import cli
 from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
+from preheat.sim.verdict import compare, margin_text
 
-from preheat_lab.bench_frontier import count_cheapest, margin_text, rows, why_missed
+from preheat_lab.bench_frontier import count_cheapest, why_missed
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 COLDS = ("30", "300")
@@ -113,7 +114,7 @@ def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0,
         policies = {**kept["policies"], **oracle}
     row = {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "seed": seed, "fleet": w.describe(),
            "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
-           "policies": policies, "rows": rows(policies), "cpu_s": time.process_time() - started,
+           "policies": policies, "rows": compare(policies), "cpu_s": time.process_time() - started,
            # per row: `--only` reruns keep other rows, which ran on another day (and maybe machine)
            "machine": machine(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if kept is not None:

@@ -26,8 +26,9 @@ from preheat.sim import cli
 from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
+from preheat.sim.verdict import compare, margin_text
 
-from preheat_lab.bench_frontier import count_cheapest, frontier_stem, margin_text, rows
+from preheat_lab.bench_frontier import count_cheapest, frontier_stem
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 SERIES = ("deepseek-r1", "m-small", "m-mid")  # the traces whose arrivals the seed draws
@@ -56,7 +57,7 @@ def verdict(policies: dict[str, Any]) -> dict[str, Any]:
     """Per SLO target: Preheat's cost, the best baseline and the margin, on the grid and (`interpolated`)
     with U interpolated: `bench_frontier.rows` without the other policies' costs."""
     out = {}
-    for target, row in rows(policies).items():
+    for target, row in compare(policies).items():
         best = row["best_baseline"]
         out[target] = {
             "preheat": row["cost"].get("preheat"), "best_baseline": best,

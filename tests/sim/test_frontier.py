@@ -48,6 +48,34 @@ def test_frontier_writes_every_policy_points_cost_and_a_png(tmp_path, capsys):
         ok = [x["replica_seconds"] for x in p["points"] if x["slo_attainment"] >= 0.99]
         assert p["cost_at_slo"]["0.99"] == (min(ok) if ok else None)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the verdict: Preheat against the cheapest of the baselines that reach each target (not the oracle)
+    printed = capsys.readouterr().out
+    for target, row in doc["verdict"].items():
+        costs = {n: doc["policies"][n]["cost_at_slo"][target] for n in ("hpa", "fixed")}
+        reached = {n: c for n, c in costs.items() if c is not None}
+        assert row["best_baseline"] == (min(reached, key=reached.get) if reached else None)
+        pre = doc["policies"]["preheat"]["cost_at_slo"][target]
+        if reached and pre is not None:
+            assert row["margin_vs_best"] == pytest.approx(1 - pre / reached[row["best_baseline"]])
+        assert f"at {100 * float(target):g} %: Preheat" in printed
+
+
+def test_the_verdict_compares_preheat_with_the_cheapest_baseline_and_the_oracle():
+    from preheat.sim.verdict import compare, summary
+
+    def policy(c99, c999, points=()):
+        return {"points": list(points), "cost_at_slo": {"0.99": c99, "0.999": c999}}
+
+    pts = [{"slo_attainment": 0.985, "replica_seconds": 80.0}, {"slo_attainment": 0.995, "replica_seconds": 100.0}]
+    v = compare({"preheat": policy(100.0, None, pts), "kpa": policy(125.0, None, [{"slo_attainment": 0.995,
+                 "replica_seconds": 125.0}]), "hpa": policy(None, None), "oracle": policy(50.0, 80.0)})
+    assert v["0.99"]["best_baseline"] == "kpa" and v["0.99"]["margin_vs_best"] == pytest.approx(0.2)
+    assert v["0.99"]["preheat_vs_oracle"] == pytest.approx(2.0) and v["0.99"]["preheat_lowest"] is True
+    assert v["0.99"]["interpolated"]["cost"]["preheat"] == pytest.approx(90.0)  # halfway between its points
+    assert v["0.999"]["best_baseline"] is None and v["0.999"]["margin_vs_best"] is None
+    lines = summary(v)
+    assert "20.0 % below kpa" in lines[0] and "2.00x the oracle" in lines[0]
+    assert lines[1].endswith("Preheat does not reach it; no baseline reaches it")
 
 
 def test_frontier_jobs_sweep_policies_in_parallel_with_the_same_points(tmp_path, capsys):
@@ -126,7 +154,7 @@ def test_simulate_reads_the_signal_over_the_spec_rate_windows(tmp_path):
 
 
 def test_interpolated_cost_reads_the_curve_between_grid_points():
-    from preheat_lab.bench_frontier import interpolated_cost
+    from preheat.sim.verdict import interpolated_cost
 
     points = [{"slo_attainment": 0.98, "replica_seconds": 100.0}, {"slo_attainment": 1.0, "replica_seconds": 200.0}]
     assert interpolated_cost(points, 0.99) == pytest.approx(150.0)  # halfway up the segment

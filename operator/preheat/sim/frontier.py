@@ -6,7 +6,9 @@ policy's default answers the wrong question. This sweeps the target utilization 
 U x the per-replica capacity; the oracle, the reference, also over its signal window and a finer U) and the
 fixed fleet's size (1 to 1.5x the peak need at full utilization), on one prepared workload (the
 same arrivals for every point), and reports for each policy the least replica-seconds among its
-points that reach each SLO target (`cost_at_slo`, null if none does).
+points that reach each SLO target (`cost_at_slo`, null if none does), and where Preheat runs with
+others, how its cost compares with the cheapest baseline's and the oracle's (`verdict`,
+`preheat.sim.verdict`).
 
     preheat frontier --trace F [every simulate flag] --json OUT.json --plot OUT.png
 """
@@ -26,6 +28,7 @@ from preheat.sim import cli
 from preheat.sim.baselines import Fixed, Oracle
 from preheat.sim.run import SimError, SimSettings, Workload, make_policy, prepare_workload, simulate
 from preheat.sim.traces import ColdStartModel, TraceError, load_cold_start, load_trace
+from preheat.sim.verdict import SUBJECT, compare, summary
 
 UTILIZATIONS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 SLO_TARGETS = (0.99, 0.999)
@@ -153,13 +156,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.jobs < 1:
         raise SimError(f"--jobs must be at least 1, got {args.jobs}")
     policies = sweep(w, cold, settings, names, utilizations, targets, jobs=args.jobs)
+    # The question a user brings: what does holding the SLO cost with Preheat, against what I run today?
+    verdict = compare(policies) if SUBJECT in policies and len(policies) > 1 else None
+    if verdict is not None:
+        print("Preheat against the cheapest baseline (every autoscaler and the fixed fleet; the oracle is the "
+              "reference):\n" + "\n".join(summary(verdict)), flush=True)
     out = {
         "trace": trace.describe(), "fleet": w.describe(), "cold_start": cold.label, "slo_ms": settings.slo_ms,
         "warm_cost_fraction": settings.warm_cost_fraction, "spec": args.spec, "bursty": settings.bursty,
         "utilizations": list(utilizations), "slo_targets": list(targets), "policies": policies,
         # the simulations' CPU, in this process or in the --jobs processes
         "cpu_s": sum(p["cpu_s"] for p in policies.values()), "wall_s": time.perf_counter() - started,
-        "jobs": args.jobs, "machine": machine(),
+        "jobs": args.jobs, "machine": machine(), "verdict": verdict,
     }
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

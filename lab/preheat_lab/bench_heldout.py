@@ -27,6 +27,9 @@ Variants (warm cost 1.0, cold start 30 s and 300 s):
   default; the oracle, knowing when the next request comes, does too). At zero pods Preheat's activator
   holds and counts the requests: the operator reads its counter through the same scrape, and the first
   requests wake the endpoint.
+- `m-small-growth`, `m-small-step`, `m-small-drop`: m-small's 14 days with its rate growing 3x over the
+  trace (a service being adopted), doubled from the middle on (a launch), halved from the middle on (a
+  client gone): the forecaster's season and level must follow traffic that does not repeat itself.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,12 @@ from preheat_lab.bench_frontier import count_cheapest, why_missed
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 COLDS = ("30", "300")
+# Traffic that does not repeat itself: (what it is, the rate's factor at a fraction x of the trace's span).
+RESHAPES: dict[str, tuple[str, Callable[[float], float]]] = {
+    "growth": ("its rate growing 3x over the trace", lambda x: 3.0 ** x),
+    "step": ("its rate doubled from the middle on", lambda x: 2.0 if x >= 0.5 else 1.0),
+    "drop": ("its rate halved from the middle on", lambda x: 0.5 if x >= 0.5 else 1.0),
+}
 IDLE_QUANTILE = 0.4  # the quietest 40 % of a trace's windows are idle in its idle variants
 
 
@@ -61,8 +71,15 @@ class Variant:
     peak_replicas: int = 20
     idle: bool = False
     preheat: tuple[str, ...] = ()  # `--preheat KEY=VALUE` settings a user of this traffic would choose
+    reshape: str | None = None  # a key of RESHAPES: the trace's rate times a factor over time
+
+    def trace_file(self) -> str:
+        """The trace's name in the row's command (a variant's own copy is written to a temporary file)."""
+        return "IDLE.csv" if self.idle else f"{self.reshape.upper()}.csv" if self.reshape else self.trace_key
 
     def describe(self) -> str:
+        if self.reshape:
+            return f"{self.trace_key}, {RESHAPES[self.reshape][0]}"
         if self.idle:
             user = f"; Preheat with {', '.join(self.preheat)}" if self.preheat else ""
             return f"{self.trace_key}, its quietest {IDLE_QUANTILE:.0%} of windows set to zero{user}"
@@ -79,6 +96,9 @@ VARIANTS = (
     Variant("m-small-idle", "m-small", idle=True),
     Variant("deepseek-r1-idle-stz", "deepseek-r1", idle=True, preheat=("min_replicas=0", "scale_to_zero=true")),
     Variant("m-small-idle-stz", "m-small", idle=True, preheat=("min_replicas=0", "scale_to_zero=true")),
+    Variant("m-small-growth", "m-small", reshape="growth"),
+    Variant("m-small-step", "m-small", reshape="step"),
+    Variant("m-small-drop", "m-small", reshape="drop"),
 )
 
 
@@ -94,6 +114,22 @@ def idle_copy(src: Path, out: Path) -> Path:
         w.writeheader()
         for r in data:
             w.writerow(r | {"total_rate_rps": "0"} if float(r["total_rate_rps"]) < cut else r)
+    return out
+
+
+def reshaped_copy(src: Path, out: Path, reshape: str) -> Path:
+    """`src` (a t_s,total_rate_rps series) with each window's rate times RESHAPES[reshape]'s factor at
+    the window's place in the trace (0 at the first window, 1 at the last); the other columns as they were."""
+    factor = RESHAPES[reshape][1]
+    with src.open(newline="") as f:
+        data = list(csv.DictReader(f))
+    t = [float(r["t_s"]) for r in data]
+    span = (t[-1] - t[0]) or 1.0
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(data[0]))
+        w.writeheader()
+        for r, ti in zip(data, t, strict=True):
+            w.writerow(r | {"total_rate_rps": f"{float(r['total_rate_rps']) * factor((ti - t[0]) / span):.6g}"})
     return out
 
 
@@ -113,7 +149,7 @@ def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0,
         oracle = sweep(w, load_cold_start(cold_arg), settings, ["oracle"], UTILIZATIONS, SLO_TARGETS)
         policies = {**kept["policies"], **oracle}
     row = {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "seed": seed, "fleet": w.describe(),
-           "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_key if not v.idle else "IDLE.csv"),
+           "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_file()),
            "policies": policies, "rows": compare(policies), "cpu_s": time.process_time() - started,
            # per row: `--only` reruns keep other rows, which ran on another day (and maybe machine)
            "machine": machine(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -225,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if v.idle:
                 path = idle_copy(path, Path(tmp) / f"{v.name}.csv")
+            elif v.reshape:
+                path = reshaped_copy(path, Path(tmp) / f"{v.name}.csv", v.reshape)
             for cold in COLDS:
                 print(f"== {v.name}, cold start {cold} s", flush=True)
                 kept = stored.get((v.name, float(cold)))  # empty unless --oracle-only

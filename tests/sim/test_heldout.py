@@ -5,7 +5,16 @@ from __future__ import annotations
 import csv
 import json
 
-from preheat_lab.bench_heldout import Variant, idle_copy, markdown, run_variant, seeds_markdown, tally
+import pytest
+from preheat_lab.bench_heldout import (
+    Variant,
+    idle_copy,
+    markdown,
+    reshaped_copy,
+    run_variant,
+    seeds_markdown,
+    tally,
+)
 
 from .tracegen import write_series
 
@@ -22,6 +31,24 @@ def test_idle_copy_zeroes_the_quietest_two_fifths_and_keeps_the_rest(tmp_path):
     cut = sorted(RATES)[int(0.4 * len(RATES))]
     assert got == [0.0 if r < cut else r for r in RATES]
     assert got.count(0.0) == 12  # the twelve 1.0 windows; the 2.0s tie at the cut and stay
+
+
+def test_reshaped_copies_scale_the_rate_over_the_trace_and_keep_the_other_columns(tmp_path):
+    path = tmp_path / "cv.csv"
+    path.write_text("t_s,total_rate_rps,rate_weighted_cv\n" + "".join(f"{i * 600},{r},1.5\n" for i, r in enumerate(RATES)))
+    got = {}
+    for kind in ("growth", "step", "drop"):
+        with reshaped_copy(path, tmp_path / f"{kind}.csv", kind).open() as f:
+            got[kind] = list(csv.DictReader(f))
+    n = len(RATES)
+    rate = {k: [float(r["total_rate_rps"]) for r in rows] for k, rows in got.items()}
+    assert rate["growth"][0] == RATES[0] and rate["growth"][-1] == pytest.approx(3 * RATES[-1])
+    assert rate["growth"][n // 2] == pytest.approx(RATES[n // 2] * 3 ** ((n // 2) / (n - 1)))
+    first_half = [i for i in range(n) if i / (n - 1) < 0.5]
+    assert rate["step"] == pytest.approx([r * (1 if i in first_half else 2) for i, r in enumerate(RATES)])
+    assert rate["drop"] == pytest.approx([r * (1 if i in first_half else 0.5) for i, r in enumerate(RATES)])
+    assert all(r["rate_weighted_cv"] == "1.5" for rows in got.values() for r in rows)
+    assert [r["t_s"] for r in got["step"]] == [str(i * 600) for i in range(n)]
 
 
 def test_a_variant_s_preheat_settings_reach_preheat_and_only_preheat(tmp_path):

@@ -4,7 +4,8 @@ The frontier table (`make bench-frontier`) runs the traces the policy was develo
 replica sized so the peak needs 20 at U = 0.7. A platform engineer's traffic differs: a small endpoint
 of a few replicas (where one replica is a quarter of the fleet), a large one of dozens (where the
 signal's relative noise is small), a serverless service with idle spans (where Knative and KEDA scale to
-zero by default and Preheat's default keeps one replica). This benchmark reruns `preheat frontier`, every
+zero by default and Preheat's default keeps one replica), a service whose traffic grows or steps (where
+yesterday is not today). This benchmark reruns `preheat frontier`, every
 policy at its defaults, on such variants of the shared traces and reports Preheat's margin against the
 best baseline at each SLO, on the 0.1 grid of U and interpolated between its points. Nothing here was
 tuned: it measures where the policy does not win, too.

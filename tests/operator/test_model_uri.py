@@ -168,8 +168,10 @@ def test_a_model_from_a_uri_serves_with_the_download_in_its_cold_start_and_a_bad
 
         cond = wait_for(failing, 180, "bad-uri Ready=False/ModelServerFailing", op)
         assert "init container fetch-model" in cond["message"] and "HTTP 404" in cond["message"]
-        warnings = [e for e in cv.events("bad-uri") if e["reason"] == "ModelServerFailing"]
-        assert warnings and warnings[0]["type"] == "Warning" and "HTTP 404" in warnings[0]["message"]
+        # Kopf posts Events on its own, after the status patch: wait for it rather than read it at once
+        warnings = wait_for(lambda: [e for e in cv.events("bad-uri") if e["reason"] == "ModelServerFailing"],
+                            60, "a ModelServerFailing Event for bad-uri", op)
+        assert warnings[0]["type"] == "Warning" and "HTTP 404" in warnings[0]["message"]
 
         wait_for(lambda: cv.condition("from-uri", "Ready").get("status") == "True", 300, "from-uri Ready=True", op)
         [pod] = [p for p in cv.live_pods("from-uri") if is_ready(p)]

@@ -40,24 +40,23 @@ def compare(policies: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for target in targets:
         cost = {n: p["cost_at_slo"][target] for n, p in policies.items()}
-        others = {n: c for n, c in cost.items() if n not in (SUBJECT, REFERENCE) and c is not None}
-        best = min(others, key=others.get) if others else None
         pre, oracle = cost.get(SUBJECT), cost.get(REFERENCE)
-        out[target] = {
-            "cost": cost, "best_baseline": best,
-            "margin_vs_best": None if pre is None or best is None else 1 - pre / others[best],
-            "preheat_vs_oracle": None if pre is None or not oracle else pre / oracle,
-            "preheat_lowest": None if best is None else pre is not None and pre <= others[best],
-        }
-        interp = {n: interpolated_cost(p["points"], float(target)) for n, p in policies.items()}
-        rest = {n: c for n, c in interp.items() if n not in (SUBJECT, REFERENCE) and c is not None}
-        ibest = min(rest, key=rest.get) if rest else None
-        ipre = interp.get(SUBJECT)
-        out[target]["interpolated"] = {
-            "cost": interp, "best_baseline": ibest,
-            "margin_vs_best": None if ipre is None or ibest is None else 1 - ipre / rest[ibest],
-        }
+        out[target] = {**_against_best(cost),
+                       "preheat_vs_oracle": None if pre is None or not oracle else pre / oracle}
+        out[target]["preheat_lowest"] = (None if out[target]["best_baseline"] is None
+                                         else pre is not None and pre <= cost[out[target]["best_baseline"]])
+        out[target]["interpolated"] = _against_best(
+            {n: interpolated_cost(p["points"], float(target)) for n, p in policies.items()})
     return out
+
+
+def _against_best(cost: dict[str, float | None]) -> dict[str, Any]:
+    """{cost, the cheapest baseline reaching the target, Preheat's margin below it} from each policy's cost."""
+    others = {n: c for n, c in cost.items() if n not in (SUBJECT, REFERENCE) and c is not None}
+    best = min(others, key=others.get) if others else None
+    pre = cost.get(SUBJECT)
+    return {"cost": cost, "best_baseline": best,
+            "margin_vs_best": None if pre is None or best is None else 1 - pre / others[best]}
 
 
 def margin_text(row: dict[str, Any]) -> str:

@@ -61,3 +61,21 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys, args, message):
     argv = ["simulate", "--trace", str(trace), "--policy", "hpa", *args]
     assert preheat_main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_series_without_traffic_asks_for_a_capacity_and_runs_with_one(tmp_path, capsys):
+    trace = write_series(tmp_path / "zeros.csv", [0.0, 0.0, 0.0])
+    assert preheat_main(["simulate", "--trace", str(trace), "--policy", "hpa"]) == 2
+    err = capsys.readouterr().err
+    assert "no traffic" in err and "--capacity-rps" in err
+    out = tmp_path / "r.json"
+    assert preheat_main(["simulate", "--trace", str(trace), "--policy", "preheat,hpa", "--capacity-rps", "1",
+                         "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    for name in ("preheat", "hpa"):
+        r = doc["policies"][name]
+        assert r["requests"] == 0 and r["p50_latency_ms"] is None
+        # no request at all prints "-", not "inf" (which means requests never served)
+        row = next(line for line in table.splitlines() if line.startswith(name))
+        assert row.split()[2:4] == ["-", "-"]

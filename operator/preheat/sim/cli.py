@@ -163,8 +163,9 @@ def format_table(policies: dict[str, dict[str, Any]]) -> str:
     head = f"{'policy':<8} {'SLO %':>8} {'p50 ms':>9} {'p99 ms':>9} {'replica-h':>10} {'actions':>8} {'cold':>6} {'promo':>6}"
     rows = [head]
     for name, r in policies.items():
-        def ms(v: Any) -> str:
-            return "inf" if v is None else f"{v:.0f}"
+        def ms(v: Any, served: bool = r["requests"] > 0) -> str:
+            # None: no request served (inf), or no request at all (-)
+            return f"{v:.0f}" if v is not None else "inf" if served else "-"
 
         rows.append(
             f"{name:<8} {100 * r['slo_attainment']:>8.2f} {ms(r['p50_latency_ms']):>9} {ms(r['p99_latency_ms']):>9} "

@@ -168,6 +168,9 @@ def prepare_workload(trace: Trace, s: SimSettings) -> Workload:
         if s.bursty:  # arrivals inside each window as bursty as the trace recorded (sim/bursts.py)
             rate = bursty_flow(rate, step_cv(trace, t), step, s.seed)
         peak = float(np.nanmax(trace.rate_rps))
+        if s.capacity_rps is None and not peak > 0:
+            raise SimError(f"series {trace.name} has no traffic (every rate is 0): a replica cannot be sized "
+                           "from its peak; give --capacity-rps")
         initial = float(np.nanmean(rate[: max(1, int(300 / step))])) if np.any(np.isfinite(rate[:60])) else peak
         cap = s.capacity_rps or peak / (s.sizing_utilization * s.peak_replicas)
         fleet = FleetConfig(capacity_rps=cap, slots=s.slots or 1, **fleet_kw)

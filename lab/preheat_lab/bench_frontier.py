@@ -214,7 +214,7 @@ def _hours(p: dict[str, Any]) -> str:
 def markdown(docs: list[dict[str, Any]]) -> str:
     names = [n for n in POLICY_NAMES]
     head = ("| trace | cold start | warm cost | SLO | " + " | ".join(names)
-            + " | Preheat vs best baseline | Preheat / oracle | same, U interpolated | where a target is missed, why |")
+            + " | Preheat vs best baseline | Preheat / oracle (U interpolated) | Preheat vs best baseline, U interpolated | where a target is missed, why |")
     lines = [head, "|" + "---|" * 4 + "---:|" * (len(names) + 3) + "---|"]
     for d in docs:
         for f, res in d["warm_cost_fractions"].items():
@@ -225,14 +225,23 @@ def markdown(docs: list[dict[str, Any]]) -> str:
 
                 cells = [("**" + h(row["cost"][n]) + "**") if n == "preheat" else h(row["cost"][n]) for n in names]
                 m, r = row["margin_vs_best"], row["preheat_vs_oracle"]
+                between = _interpolated(res, target)
                 margin = "no baseline reaches it" if row["best_baseline"] is None else (
                     "Preheat does not reach it" if m is None
                     else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {row['best_baseline']}")
                 lines.append(f"| {d['trace_key']} | {d['cold_key']} | {label} | {100 * float(target):g} % | "
-                             + " | ".join(cells) + f" | {margin} | {'—' if r is None else f'{r:.2f}×'} | "
-                             + margin_text(_interpolated(res, target)) + " | "
+                             + " | ".join(cells) + f" | {margin} | {oracle_ratio_text(r, between)} | "
+                             + margin_text(between) + " | "
                              + why_missed(res["policies"], target) + " |")
     return "\n".join(lines)
+
+
+def oracle_ratio_text(ratio: float | None, between: dict[str, Any]) -> str:
+    """Preheat / oracle on the grid, and between grid points in brackets."""
+    if ratio is None:
+        return "—"
+    b = between.get("preheat_vs_oracle")
+    return f"{ratio:.2f}×" + ("" if b is None else f" ({b:.2f}×)")
 
 
 def _interpolated(res: dict[str, Any], target: str) -> dict[str, Any]:

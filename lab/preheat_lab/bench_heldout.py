@@ -52,7 +52,7 @@ from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 from preheat.sim.verdict import compare, margin_text
 
-from preheat_lab.bench_frontier import count_cheapest, why_missed
+from preheat_lab.bench_frontier import count_cheapest, oracle_ratio_text, why_missed
 from preheat_lab.bench_sim import TRACES, default_traces_dir
 
 COLDS = ("30", "300")
@@ -168,10 +168,11 @@ def causal_provenance(kept: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    lines = ["| variant | cold start | SLO | Preheat h | best baseline h | on the grid | U interpolated | Preheat / oracle "
+    lines = ["| variant | cold start | SLO | Preheat h | best baseline h | on the grid | U interpolated | Preheat / oracle (U interpolated) "
              "| where a target is missed, why |",
              "|---|---|---|---:|---:|---|---|---:|---|"]
     for r in results:
+        recomputed = compare(r["policies"])  # rows stored before a field was added get it too
         for target, row in r["rows"].items():
             best, pre, ratio = row["best_baseline"], row["cost"]["preheat"], row["preheat_vs_oracle"]
             best_h = "—" if best is None else f"{row['cost'][best] / 3600:.1f} ({best})"
@@ -179,7 +180,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f"| {r['variant']} | {r['cold_start_s']:g} s | {100 * float(target):g} % | "
                 f"{'—' if pre is None else f'{pre / 3600:.1f}'} | {best_h} | "
                 f"{margin_text(row)} | {margin_text(row['interpolated'])} | "
-                f"{'—' if ratio is None else f'{ratio:.2f}×'} | {why_missed(r['policies'], target)} |")
+                f"{oracle_ratio_text(ratio, recomputed[target]['interpolated'])} | "
+                f"{why_missed(r['policies'], target)} |")
     return "\n".join(lines)
 
 

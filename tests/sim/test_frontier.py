@@ -68,13 +68,17 @@ def test_the_verdict_compares_preheat_with_the_cheapest_baseline_and_the_oracle(
 
     pts = [{"slo_attainment": 0.985, "replica_seconds": 80.0}, {"slo_attainment": 0.995, "replica_seconds": 100.0}]
     v = compare({"preheat": policy(100.0, None, pts), "kpa": policy(125.0, None, [{"slo_attainment": 0.995,
-                 "replica_seconds": 125.0}]), "hpa": policy(None, None), "oracle": policy(50.0, 80.0)})
+                 "replica_seconds": 125.0}]), "hpa": policy(None, None), "oracle": policy(50.0, 80.0, [
+                 {"slo_attainment": a, "replica_seconds": c} for a, c in ((0.98, 40.0), (0.99, 50.0), (0.999, 80.0))])})
     assert v["0.99"]["best_baseline"] == "kpa" and v["0.99"]["margin_vs_best"] == pytest.approx(0.2)
     assert v["0.99"]["preheat_vs_oracle"] == pytest.approx(2.0) and v["0.99"]["preheat_lowest"] is True
     assert v["0.99"]["interpolated"]["cost"]["preheat"] == pytest.approx(90.0)  # halfway between its points
+    # the ratio to the oracle between grid points too: Preheat's curve (90) over the oracle's (50)
+    assert v["0.99"]["interpolated"]["preheat_vs_oracle"] == pytest.approx(1.8)
+    assert v["0.999"]["interpolated"]["preheat_vs_oracle"] is None  # Preheat does not reach 99.9 %
     assert v["0.999"]["best_baseline"] is None and v["0.999"]["margin_vs_best"] is None
     lines = summary(v)
-    assert "20.0 % below kpa" in lines[0] and "2.00x the oracle" in lines[0]
+    assert "20.0 % below kpa" in lines[0] and "2.00x the oracle (1.80x between grid points)" in lines[0]
     assert lines[1].endswith("Preheat does not reach it; no baseline reaches it")
 
 

@@ -35,19 +35,25 @@ def interpolated_cost(points: list[dict[str, Any]], target: float) -> float | No
 def compare(policies: dict[str, Any]) -> dict[str, Any]:
     """Per SLO target (the keys of the policies' `cost_at_slo`): every policy's cost, the cheapest
     baseline, Preheat's margin below it (negative: above), Preheat's ratio to the oracle, and the same
-    margin between grid points (`interpolated`). None where a side does not reach the target."""
+    margin and ratio between grid points (`interpolated`; the oracle sweeps a finer grid of U than the
+    others, so its grid point is nearer its curve than Preheat's is). None where a side does not reach the target."""
     targets = next(iter(policies.values()))["cost_at_slo"] if policies else {}
     out: dict[str, Any] = {}
     for target in targets:
         cost = {n: p["cost_at_slo"][target] for n, p in policies.items()}
-        pre, oracle = cost.get(SUBJECT), cost.get(REFERENCE)
-        out[target] = {**_against_best(cost),
-                       "preheat_vs_oracle": None if pre is None or not oracle else pre / oracle}
+        pre = cost.get(SUBJECT)
+        out[target] = {**_against_best(cost), "preheat_vs_oracle": _ratio(cost)}
         out[target]["preheat_lowest"] = (None if out[target]["best_baseline"] is None
                                          else pre is not None and pre <= cost[out[target]["best_baseline"]])
-        out[target]["interpolated"] = _against_best(
-            {n: interpolated_cost(p["points"], float(target)) for n, p in policies.items()})
+        between = {n: interpolated_cost(p["points"], float(target)) for n, p in policies.items()}
+        out[target]["interpolated"] = {**_against_best(between), "preheat_vs_oracle": _ratio(between)}
     return out
+
+
+def _ratio(cost: dict[str, float | None]) -> float | None:
+    """Preheat's cost over the oracle's; None where either does not reach the target."""
+    pre, oracle = cost.get(SUBJECT), cost.get(REFERENCE)
+    return None if pre is None or not oracle else pre / oracle
 
 
 def _against_best(cost: dict[str, float | None]) -> dict[str, Any]:
@@ -84,5 +90,8 @@ def summary(verdict: dict[str, Any]) -> list[str]:
             line += "; no baseline reaches it"
         if row["preheat_vs_oracle"] is not None:
             line += f"; {row['preheat_vs_oracle']:.2f}x the oracle"
+            between = row["interpolated"].get("preheat_vs_oracle")
+            if between is not None:
+                line += f" ({between:.2f}x between grid points)"
         lines.append(line)
     return lines

@@ -219,13 +219,14 @@ def markdown(docs: list[dict[str, Any]]) -> str:
     for d in docs:
         for f, res in d["warm_cost_fractions"].items():
             label = f if f == "1" else (f"{f} (stand-in)" if d.get("cpu_warm_fraction_is_a_standin") else f"{f} (CPU)")
-            for target, row in res["rows"].items():
+            # recomputed from the points: rows stored before a field was added get it too
+            for target, row in compare(res["policies"]).items():
                 def h(x: float | None) -> str:
                     return "—" if x is None else f"{x / 3600:.1f}"
 
                 cells = [("**" + h(row["cost"][n]) + "**") if n == "preheat" else h(row["cost"][n]) for n in names]
                 m, r = row["margin_vs_best"], row["preheat_vs_oracle"]
-                between = _interpolated(res, target)
+                between = row["interpolated"]
                 margin = "no baseline reaches it" if row["best_baseline"] is None else (
                     "Preheat does not reach it" if m is None
                     else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {row['best_baseline']}")
@@ -242,11 +243,6 @@ def oracle_ratio_text(ratio: float | None, between: dict[str, Any]) -> str:
         return "—"
     b = between.get("preheat_vs_oracle")
     return f"{ratio:.2f}×" + ("" if b is None else f" ({b:.2f}×)")
-
-
-def _interpolated(res: dict[str, Any], target: str) -> dict[str, Any]:
-    """The interpolated comparison, recomputed from the points (JSON written before it existed too)."""
-    return compare(res["policies"])[target]["interpolated"]
 
 
 def count_cheapest(verdicts: Iterable[dict[str, Any]]) -> tuple[int, int, int]:

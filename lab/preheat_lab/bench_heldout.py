@@ -172,15 +172,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
              "| where a target is missed, why |",
              "|---|---|---|---:|---:|---|---|---:|---|"]
     for r in results:
-        recomputed = compare(r["policies"])  # rows stored before a field was added get it too
-        for target, row in r["rows"].items():
+        # recomputed from the points: rows stored before a field was added get it too
+        for target, row in compare(r["policies"]).items():
             best, pre, ratio = row["best_baseline"], row["cost"]["preheat"], row["preheat_vs_oracle"]
             best_h = "—" if best is None else f"{row['cost'][best] / 3600:.1f} ({best})"
             lines.append(
                 f"| {r['variant']} | {r['cold_start_s']:g} s | {100 * float(target):g} % | "
                 f"{'—' if pre is None else f'{pre / 3600:.1f}'} | {best_h} | "
                 f"{margin_text(row)} | {margin_text(row['interpolated'])} | "
-                f"{oracle_ratio_text(ratio, recomputed[target]['interpolated'])} | "
+                f"{oracle_ratio_text(ratio, row['interpolated'])} | "
                 f"{why_missed(r['policies'], target)} |")
     return "\n".join(lines)
 

@@ -159,16 +159,18 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
     )
 
 
+def _ms(v: float | None, requests: bool) -> str:
+    """A latency cell: None is no request served (inf), or no request at all (-)."""
+    return f"{v:.0f}" if v is not None else "inf" if requests else "-"
+
+
 def format_table(policies: dict[str, dict[str, Any]]) -> str:
     head = f"{'policy':<8} {'SLO %':>8} {'p50 ms':>9} {'p99 ms':>9} {'replica-h':>10} {'actions':>8} {'cold':>6} {'promo':>6}"
     rows = [head]
     for name, r in policies.items():
-        def ms(v: Any, served: bool = r["requests"] > 0) -> str:
-            # None: no request served (inf), or no request at all (-)
-            return f"{v:.0f}" if v is not None else "inf" if served else "-"
-
+        p50, p99 = (_ms(r[k], r["requests"] > 0) for k in ("p50_latency_ms", "p99_latency_ms"))
         rows.append(
-            f"{name:<8} {100 * r['slo_attainment']:>8.2f} {ms(r['p50_latency_ms']):>9} {ms(r['p99_latency_ms']):>9} "
+            f"{name:<8} {100 * r['slo_attainment']:>8.2f} {p50:>9} {p99:>9} "
             f"{r['replica_seconds'] / 3600:>10.2f} {r['scale_actions']:>8} {r['cold_starts']:>6} {r['promotions']:>6}"
         )
     return "\n".join(rows)

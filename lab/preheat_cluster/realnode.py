@@ -103,19 +103,22 @@ def plan_nodes(state_dir: Path, count: int, cluster_tag: str) -> list[NodePlan]:
 
 
 # sun_path is 108 bytes with its NUL: a longer socket path fails to bind, and the process that wanted it
-# exits or never serves (containerd; kubelet's pod-resources and device-plugin sockets).
+# exits or never serves (containerd; kubelet's pod-resources socket).
 MAX_SOCKET_PATH = 107
 
 
 def check_socket_paths(nodes: list[NodePlan]) -> None:
     """Refuse, before anything starts, a state dir too deep for the unix sockets the nodes listen on."""
     paths = [f"{n.socket}.ttrpc" for n in nodes]
-    paths += [str(n.dir / "kubelet" / sub) for n in nodes
-              for sub in ("pod-resources/kubelet.sock", "device-plugins/kubelet.sock")]
+    paths += [str(n.dir / "kubelet" / "pod-resources" / "kubelet.sock") for n in nodes]
     longest = max(paths, key=len)
     if len(longest) > MAX_SOCKET_PATH:
         raise NodeError(f"{longest} is {len(longest)} bytes; a unix socket's path holds at most "
                         f"{MAX_SOCKET_PATH}: give the cluster a shorter state dir")
+
+
+# The kubelet's device-plugin registration socket: a constant in the kubelet, not under --root-dir.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 
 
 UNUSED_CONTAINERD_PLUGINS = [
@@ -536,7 +539,7 @@ class NodeFleet:
                                         server=True, client=True, dns=[n.name], ips=[n.ip])
             self.write_kubeconfig(n.dir / "kubelet.kubeconfig", f"kubelet-{n.index}")
             write_yaml(n.dir / "kubelet.yaml", kubelet_config(n, ca=ca, cert=cert, key=key))
-            self.start(f"kubelet-{n.index}", self._kubelet_argv(n))
+            self._start_kubelet(n)
         self.issue_cert("kube-proxy", cn="system:kube-proxy", org=None, server=False, client=True)
         kp_kc = self.state_dir / "kube-proxy.kubeconfig"
         self.write_kubeconfig(kp_kc, "kube-proxy")
@@ -554,6 +557,20 @@ class NodeFleet:
         self._started[f"containerd-{n.index}"] = self.start(
             f"containerd-{n.index}", [str(self.bin_dir / "containerd"), f"--config={n.dir / 'containerd.toml'}"])
 
+    def _start_kubelet(self, n: NodePlan) -> None:
+        """Start a node's kubelet and wait until it has bound the device-plugin registration socket.
+
+        That socket is host-wide whatever --root-dir says (the kubelet's constant
+        /var/lib/kubelet/device-plugins/kubelet.sock), and each kubelet empties the directory before it
+        binds: two starting together can both empty it and then both bind, and the second exits on
+        `address already in use` (seen in CI). So one at a time: the last kubelet's socket file is
+        removed here (the next kubelet would remove it anyway) and its reappearance means this one
+        bound it. No device plugin registers on these nodes, so nothing dials the older sockets."""
+        DEVICE_PLUGIN_SOCKET.unlink(missing_ok=True)
+        self._started[f"kubelet-{n.index}"] = self.start(f"kubelet-{n.index}", self._kubelet_argv(n))
+        self._wait_started(f"kubelet-{n.index}", f"{n.name}'s kubelet to bind {DEVICE_PLUGIN_SOCKET}",
+                           DEVICE_PLUGIN_SOCKET.exists, 120)
+
     def _kubelet_argv(self, n: NodePlan) -> list[str]:
         return [str(self.bin_dir / "kubelet"), f"--config={n.dir / 'kubelet.yaml'}",
                 f"--kubeconfig={n.dir / 'kubelet.kubeconfig'}", f"--hostname-override={n.name}", f"--node-ip={n.ip}",
@@ -566,7 +583,7 @@ class NodeFleet:
             raise NodeError(f"no node {index} in this cluster to restart")
         self._start_containerd(n)
         self._wait_started(f"containerd-{n.index}", f"{n.name}'s containerd socket", n.socket.exists, 120)
-        self.start(f"kubelet-{n.index}", self._kubelet_argv(n))
+        self._start_kubelet(n)
 
     def _wait_started(self, name: str, what: str, check: Callable[[], bool], timeout: float) -> None:
         """Wait for `check`; fail at once if process `name` exits, and either way with the tail of its log

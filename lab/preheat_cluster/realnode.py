@@ -631,6 +631,8 @@ class NodeFleet:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
         time.sleep(0.3)
+        # The last kubelet's device-plugin socket file (host-wide, _start_kubelet says why).
+        DEVICE_PLUGIN_SOCKET.unlink(missing_ok=True)
         left += unmount_under(self.state_dir / "nodes")
         for n in self.nodes:
             run(["ip", "link", "del", n.bridge], check=False)

@@ -3,6 +3,7 @@ pod CIDR, cgroup root or log dir, and the configs parse as the components read t
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -92,6 +93,53 @@ def test_a_node_process_that_exits_fails_the_wait_at_once_with_its_log(tmp_path:
     fleet._started["containerd-1"] = start("containerd-1", ["sh", "-c", "echo 'bind: invalid argument' >&2; exit 1"])
     with pytest.raises(NodeError, match=r"(?s)exited waiting for the socket.*bind: invalid argument"):
         fleet._wait_started("containerd-1", "the socket", lambda: False, timeout=60)
+
+
+
+# What a kubelet does with the host-wide device-plugin socket at start: empty its directory, then bind.
+KUBELET_STAND_IN = """
+import glob, os, socket, sys, time
+path = sys.argv[1]
+for f in glob.glob(os.path.join(os.path.dirname(path), "*")):
+    os.unlink(f)
+time.sleep(0.3)  # the kubelet's own start between the two: long enough for another to empty the dir too
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)  # 'address already in use' if another bound it after this one emptied the dir
+s.listen()
+time.sleep(120)
+"""
+
+
+def test_kubelets_start_one_at_a_time_so_the_shared_device_plugin_socket_binds(tmp_path, monkeypatch) -> None:
+    import signal
+    import sys
+
+    from preheat_cluster import procs, realnode
+
+    sock = tmp_path / "device-plugins" / "kubelet.sock"
+    sock.parent.mkdir()
+    monkeypatch.setattr(realnode, "DEVICE_PLUGIN_SOCKET", sock)
+    started: list[tuple[str, bool]] = []
+
+    def start(name: str, argv: list[str]) -> int:
+        started.append((name, sock.exists()))
+        return procs.start(argv, log=tmp_path / "logs" / f"{name}.log", env=os.environ).pid
+
+    fleet = NodeFleet(state_dir=tmp_path, bin_dir=tmp_path, cache=tmp_path, nodes=plan_nodes(tmp_path, 2, "t"),
+                      sandbox_image="pause", start=start, kubectl=lambda *a, **k: "",
+                      write_kubeconfig=lambda *a: None, issue_cert=lambda *a, **k: (tmp_path, tmp_path))
+    monkeypatch.setattr(fleet, "_kubelet_argv", lambda n: [sys.executable, "-c", KUBELET_STAND_IN, str(sock)])
+    try:
+        for n in fleet.nodes:
+            fleet._start_kubelet(n)
+        # Each started once the last had bound (and with the socket file of the last removed first).
+        assert started == [("kubelet-1", False), ("kubelet-2", False)]
+        assert sock.exists()
+        assert all(procs.alive(pid) for pid in fleet._started.values())
+    finally:
+        for pid in fleet._started.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_cni_and_kubelet_configs_follow_the_plan(tmp_path: Path) -> None:

@@ -560,12 +560,11 @@ class NodeFleet:
     def _start_kubelet(self, n: NodePlan) -> None:
         """Start a node's kubelet and wait until it has bound the device-plugin registration socket.
 
-        That socket is host-wide whatever --root-dir says (the kubelet's constant
-        /var/lib/kubelet/device-plugins/kubelet.sock), and each kubelet empties the directory before it
-        binds: two starting together can both empty it and then both bind, and the second exits on
-        `address already in use` (seen in CI). So one at a time: the last kubelet's socket file is
-        removed here (the next kubelet would remove it anyway) and its reappearance means this one
-        bound it. No device plugin registers on these nodes, so nothing dials the older sockets."""
+        That socket (DEVICE_PLUGIN_SOCKET) is host-wide whatever --root-dir says, and each kubelet
+        empties its directory before it binds: two starting together can both empty it and then both
+        bind, and the second exits on `address already in use` (seen in CI). So one at a time: the last
+        kubelet's socket file is removed here (the next kubelet would remove it anyway) and its
+        reappearance means this one bound it. No device plugin registers on these nodes, so nothing dials the older sockets."""
         DEVICE_PLUGIN_SOCKET.unlink(missing_ok=True)
         self._started[f"kubelet-{n.index}"] = self.start(f"kubelet-{n.index}", self._kubelet_argv(n))
         self._wait_started(f"kubelet-{n.index}", f"{n.name}'s kubelet to bind {DEVICE_PLUGIN_SOCKET}",

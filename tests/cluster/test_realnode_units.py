@@ -7,6 +7,8 @@ import contextlib
 import ipaddress
 import json
 import os
+import signal
+import sys
 import tomllib
 from pathlib import Path
 
@@ -95,7 +97,6 @@ def test_a_node_process_that_exits_fails_the_wait_at_once_with_its_log(tmp_path:
         fleet._wait_started("containerd-1", "the socket", lambda: False, timeout=60)
 
 
-
 # What a kubelet does with the host-wide device-plugin socket at start: empty its directory, then bind.
 KUBELET_STAND_IN = """
 import glob, os, socket, sys, time
@@ -111,9 +112,6 @@ time.sleep(120)
 
 
 def test_kubelets_start_one_at_a_time_so_the_shared_device_plugin_socket_binds(tmp_path, monkeypatch) -> None:
-    import signal
-    import sys
-
     from preheat_cluster import procs, realnode
 
     sock = tmp_path / "device-plugins" / "kubelet.sock"

@@ -31,12 +31,12 @@ def _type(schema: dict) -> str:
 
 
 def _limits(schema: dict) -> str:
+    # OpenAPI v3 spells an exclusive minimum as `minimum` plus `exclusiveMinimum: true`.
+    low = ">" if schema.get("exclusiveMinimum") is True else "≥"
     parts = []
-    for key, word in (("minimum", "≥"), ("maximum", "≤"), ("exclusiveMinimum", ">")):
+    for key, word in (("minimum", low), ("maximum", "≤"), ("exclusiveMinimum", ">")):
         if key in schema and not isinstance(schema[key], bool):
             parts.append(f"{word} {schema[key]}")
-    if schema.get("exclusiveMinimum") is True and "minimum" in schema:
-        parts = [f"> {schema['minimum']}"]
     return ", ".join(parts)
 
 

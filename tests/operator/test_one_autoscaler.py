@@ -26,18 +26,30 @@ SPEC = parse_spec({
 })
 
 
-def _sim_policy(cold_s: float):
-    """The simulator's Preheat on a fleet whose facts equal what the spec says (capacity, bounds)."""
+def _sim_policy(cold_s: float, utilization: float | None = None):
+    """The simulator's Preheat on a fleet whose facts equal what the spec says (capacity, bounds), at the
+    spec's target utilization unless the frontier's `utilization` is given."""
     t = np.arange(6) * 600.0
     trace = SeriesTrace("synthetic", t, np.full(6, 50.0), 600.0, "series")
     w = prepare_workload(trace, SimSettings(capacity_rps=10.0, promotion_s=5.0))
     cold = load_cold_start(str(cold_s))
     config = policy_config(SPEC)
     policy = PreheatPolicy(w, cold, spec=SPEC)
-    ctx = SimContext(10.0, config.target_utilization, w.curve_t, w.curve_rate, w.peak_rate, w.initial_rate,
-                     cold.sampler(0), max_replicas=SPEC.scaling.max_replicas)
+    ctx = SimContext(10.0, utilization or config.target_utilization, w.curve_t, w.curve_rate, w.peak_rate,
+                     w.initial_rate, cold.sampler(0), max_replicas=SPEC.scaling.max_replicas)
     policy.prepare(ctx)
     return policy, cold
+
+
+@pytest.mark.parametrize("u", [0.5, 0.9, 1.0])
+def test_the_frontier_point_at_u_is_the_spec_with_that_target_utilization(u):
+    # `preheat frontier` sweeps U; the operator runs exactly that policy from the spec that sets
+    # scaling.targetUtilization: U (targetPerReplica the replica's capacity, here SPEC's 10), hold included.
+    policy, _ = _sim_policy(45.0, utilization=u)
+    scaling = SPEC.scaling.model_copy(update={"target_utilization": u})
+    deployed = policy_config(SPEC.model_copy(update={"scaling": scaling}))
+    assert policy.config == deployed
+    assert deployed != policy_config(SPEC)  # U is not the CRD's default 0.8 here: the knob reached the policy
 
 
 def test_operator_step_and_simulator_decide_identically_on_the_same_observations():

@@ -65,6 +65,8 @@ def test_bad_samples_rejected_with_readable_message(sample, message):
         ({"model": {"builtin": "tiny"}, "scaling": {"minReplicas": 0}}, "scaleToZero"),
         ({"model": {"builtin": "tiny"}, "scaling": {"mode": "Yolo"}}, "mode"),
         ({"model": {"builtin": "tiny"}, "scaling": {"targetPerReplica": 0}}, "targetPerReplica must be > 0"),
+        ({"model": {"builtin": "tiny"}, "scaling": {"targetUtilization": 0}}, "scaling.targetUtilization"),
+        ({"model": {"builtin": "tiny"}, "scaling": {"targetUtilization": 1.2}}, "less than or equal to 1"),
         ({"model": {"builtin": "tiny"}, "scaling": {"forecasting": {"horizonSeconds": 40, "leadTimeSeconds": 40}}},
          "set leadTimeSeconds, or its old spelling horizonSeconds, not both"),
     ],

@@ -10,6 +10,7 @@ from preheat.controller.observe import PrometheusSource, signal_queries
 from preheat.controller.spec import duration_s, parse_spec
 from preheat.scaling.from_spec import policy_config
 from preheat.scaling.policy import PolicyConfig
+from preheat.scaling.policy.scale_down import hold_lead_times
 
 
 def test_transition_time_moves_only_when_status_flips():
@@ -49,6 +50,15 @@ def test_policy_config_from_spec_and_reactive_only():
     assert cfg.burst_memory_s == 0.0 and cfg.burst_threshold == PolicyConfig().burst_threshold  # off, same default
     reactive = policy_config(spec, reactive_only=True)
     assert not reactive.forecasting and reactive.warm_pool_max == 0
+
+
+def test_target_utilization_from_spec_sizes_serving_and_prices_the_hold():
+    assert policy_config(parse_spec({"model": {"builtin": "tiny"}})).target_utilization == \
+        PolicyConfig().target_utilization  # the CRD's default is the policy's
+    spec = parse_spec({"model": {"builtin": "tiny"}, "scaling": {"targetPerReplica": 3, "targetUtilization": 0.5}})
+    cfg = policy_config(spec)
+    assert cfg.target_utilization == 0.5 and cfg.capacity_per_replica == 1.5
+    assert hold_lead_times(cfg) == 3.0  # 1 + 1/U: more headroom bought, a longer hold
 
 
 def test_burst_envelope_from_spec_and_off_when_reactive_only():

@@ -449,6 +449,13 @@ class ScalingSpec(_Model):
     target_per_replica: float = Field(
         default=2.0, description="Signal one serving replica handles within the latency SLO."
     )
+    target_utilization: float = Field(
+        default=0.8, gt=0.0, le=1.0,  # PolicyConfig.target_utilization (a test keeps them equal)
+        description="Share of targetPerReplica a serving replica is planned to carry: 1 - this is the headroom "
+        "(Knative's target-utilization-percentage / 100). It also prices the scale-down hold (1 + 1/U lead times "
+        "when forecasting). The knob to tune until the SLO holds: `preheat frontier` sweeps it, and its Preheat "
+        "point at U is this spec with targetUtilization U and targetPerReplica the replica's capacity.",
+    )
     latency_slo_ms: float | None = Field(
         default=None,
         description="Deprecated, ignored: no decision reads a latency budget (the policy sizes serving by "

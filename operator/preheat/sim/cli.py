@@ -33,7 +33,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-ms", type=float, default=25.0, help="decode time per output token (default 25 ms)")
     p.add_argument("--max-replicas", type=int, default=1000)
     p.add_argument("--spec", metavar="FILE.yaml",
-                   help="an InferenceEndpoint whose scaling Preheat runs (default: the CRD's defaults)")
+                   help="an InferenceEndpoint whose scaling Preheat runs (default: the CRD's defaults); its "
+                   "targetPerReplica and targetUtilization are the simulated fleet's capacity and "
+                   "--target-utilization, which every policy aims at")
     p.add_argument("--warm-cost-fraction", type=float, default=1.0,
                    help="a warm replica's cost relative to a serving one (default 1.0: a GPU held idle)")
     p.add_argument("--smooth", action="store_true",

@@ -7,7 +7,16 @@ import json
 import numpy as np
 import pytest
 from preheat.cli import main as preheat_main
-from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, cost_at_slo, fixed_sizes, sweep
+from preheat.sim.frontier import (
+    SLO_TARGETS,
+    UTILIZATIONS,
+    cheapest_point,
+    cost_at_slo,
+    deploy_text,
+    fixed_sizes,
+    setting_text,
+    sweep,
+)
 from preheat.sim.run import SimSettings, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 
@@ -22,6 +31,19 @@ def test_cost_at_slo_is_the_cheapest_point_that_reaches_the_target():
               {"slo_attainment": 0.98, "replica_seconds": 100.0}, {"slo_attainment": 1.0, "replica_seconds": 400.0}]
     assert cost_at_slo(points, (0.99, 0.999, 0.9999)) == {"0.99": 300.0, "0.999": 400.0, "0.9999": 400.0}
     assert cost_at_slo(points[2:3], (0.99,)) == {"0.99": None}
+
+
+def test_each_cheapest_point_is_printed_with_the_setting_to_deploy():
+    points = [{"target_utilization": 0.5, "slo_attainment": 0.9995, "replica_seconds": 500.0},
+              {"target_utilization": 0.8, "slo_attainment": 0.992, "replica_seconds": 300.0},
+              {"target_utilization": 1.0, "slo_attainment": 0.97, "replica_seconds": 250.0}]
+    assert cheapest_point(points, 0.99) is points[1] and cheapest_point(points, 0.9999) is None
+    assert setting_text(points[1]) == "U 0.8"
+    assert setting_text({"replicas": 12, "target_utilization": None}) == "12 replicas"
+    assert setting_text({"target_utilization": 1.05, "signal_window_s": 15.0}) == "U 1.05, 15 s window"
+    assert deploy_text(points, (0.99, 0.999, 0.9999), 3.037) == [
+        "  at 99 %: scaling.targetPerReplica: 3.037, scaling.targetUtilization: 0.8",
+        "  at 99.9 %: scaling.targetPerReplica: 3.037, scaling.targetUtilization: 0.5"]
 
 
 def test_fixed_fleet_sweeps_from_one_to_one_and_a_half_times_the_peak_need(tmp_path):
@@ -58,6 +80,11 @@ def test_frontier_writes_every_policy_points_cost_and_a_png(tmp_path, capsys):
         if reached and pre is not None:
             assert row["margin_vs_best"] == pytest.approx(1 - pre / reached[row["best_baseline"]])
         assert f"at {100 * float(target):g} %: Preheat" in printed
+    lines = {line.split()[0]: line for line in printed.splitlines() if line.startswith("  ") and line.split()}
+    for name, p in doc["policies"].items():  # each cheapest point printed with its setting
+        best = cheapest_point(p["points"], 0.99)
+        if best is not None:
+            assert f"0.99: {best['replica_seconds'] / 3600:.1f} h ({setting_text(best)})" in lines[name]
 
 
 def test_the_verdict_compares_preheat_with_the_cheapest_baseline_and_the_oracle():

@@ -86,9 +86,35 @@ def cost_at_slo(points: list[dict[str, Any]], targets: tuple[float, ...]) -> dic
     """Least replica-seconds among the points whose SLO attainment reaches each target."""
     out: dict[str, float | None] = {}
     for target in targets:
-        ok = [p["replica_seconds"] for p in points if p["slo_attainment"] >= target - 1e-12]
-        out[f"{target:g}"] = min(ok) if ok else None
+        best = cheapest_point(points, target)
+        out[f"{target:g}"] = None if best is None else best["replica_seconds"]
     return out
+
+
+def cheapest_point(points: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The point (the setting) whose SLO attainment reaches `target` for the fewest replica-seconds."""
+    ok = [p for p in points if p["slo_attainment"] >= target - 1e-12]
+    return min(ok, key=lambda p: p["replica_seconds"]) if ok else None
+
+
+def setting_text(point: dict[str, Any]) -> str:
+    """A point's setting, as a user would set it: the fleet's size, or U (and the oracle's window)."""
+    if point.get("replicas") is not None:
+        return f"{point['replicas']} replicas"
+    window = point.get("signal_window_s")
+    return f"U {point['target_utilization']:g}" + (f", {window:g} s window" if window is not None else "")
+
+
+def deploy_text(points: list[dict[str, Any]], targets: tuple[float, ...], capacity: float) -> list[str]:
+    """What to put in an InferenceEndpoint for Preheat's cheapest point at each SLO target: the frontier's U
+    is the spec's scaling.targetUtilization, with targetPerReplica the replica's capacity."""
+    lines = []
+    for target in targets:
+        best = cheapest_point(points, target)
+        if best is not None:
+            lines.append(f"  at {100 * target:g} %: scaling.targetPerReplica: {capacity:.4g}, "
+                         f"scaling.targetUtilization: {best['target_utilization']:g}")
+    return lines
 
 
 def sweep(w: Workload, cold: ColdStartModel, settings: SimSettings, names: list[str],
@@ -137,8 +163,12 @@ def _sweep_policy(job: tuple[str, Workload, ColdStartModel, SimSettings, tuple[f
                            "replica_seconds": r.replica_seconds,
                            "warm_replica_seconds": r.replica_seconds_by_state.get("warm", 0.0)})
     result = {"points": points, "cost_at_slo": cost_at_slo(points, targets), "cpu_s": cpu}
-    print(f"  {name:<8} " + "  ".join(
-        f"{k}: {'-' if v is None else f'{v / 3600:.1f} h'}" for k, v in result["cost_at_slo"].items()), flush=True)
+    cells = []
+    for target in targets:
+        best = cheapest_point(points, target)
+        cells.append(f"{target:g}: " + ("-" if best is None
+                                        else f"{best['replica_seconds'] / 3600:.1f} h ({setting_text(best)})"))
+    print(f"  {name:<8} " + "  ".join(cells), flush=True)
     return result
 
 
@@ -161,6 +191,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if verdict is not None:
         print("Preheat against the cheapest baseline (every autoscaler and the fixed fleet; the oracle is the "
               "reference):\n" + "\n".join(summary(verdict)), flush=True)
+    deploy = deploy_text(policies[SUBJECT]["points"], targets, w.target_per_replica) if SUBJECT in policies else []
+    if deploy:
+        print("Preheat's cheapest point, as an InferenceEndpoint's scaling (targetPerReplica in the signal's "
+              "unit per replica):\n" + "\n".join(deploy), flush=True)
     out = {
         "trace": trace.describe(), "fleet": w.describe(), "cold_start": cold.label, "slo_ms": settings.slo_ms,
         "warm_cost_fraction": settings.warm_cost_fraction, "spec": args.spec, "bursty": settings.bursty,

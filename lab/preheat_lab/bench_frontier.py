@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from preheat.sim import cli
-from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, plot_frontier, sweep
+from preheat.sim.frontier import SLO_TARGETS, UTILIZATIONS, machine, plot_frontier, setting_text, sweep
 from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 from preheat.sim.verdict import compare, margin_text
@@ -163,14 +163,14 @@ def why_missed(policies: dict[str, Any], target: str) -> str:
     pre = _deciding_point(policies, "preheat", cost["preheat"])
     if pre is None:
         top = max(policies["preheat"]["points"], key=lambda p: p["slo_attainment"])
-        reasons.append(f"Preheat's best point reaches {_pct(top)} ({_where(top)})")
+        reasons.append(f"Preheat's best point reaches {_pct(top)} ({setting_text(top)})")
     elif not row["preheat_lowest"]:
         reasons.append(_why_dearer(policies, row, pre))
     ratio = row["preheat_vs_oracle"]
     if ratio is not None and ratio > ORACLE_RATIO_TARGET and pre is not None:
         o = _deciding_point(policies, "oracle", cost["oracle"])
-        reasons.append(f"{ratio:.3f}x the oracle, which reaches it at {_where(o)} knowing what comes; "
-                       f"Preheat needs {_where(pre)} (headroom for what it cannot see coming)")
+        reasons.append(f"{ratio:.3f}x the oracle, which reaches it at {setting_text(o)} knowing what comes; "
+                       f"Preheat needs {setting_text(pre)} (headroom for what it cannot see coming)")
     return "; ".join(reasons)
 
 
@@ -180,27 +180,20 @@ def _why_dearer(policies: dict[str, Any], row: dict[str, Any], pre: dict[str, An
     interp = row["interpolated"]
     top_u = max(UTILIZATIONS)
     if interp["best_baseline"] is not None and (interp["margin_vs_best"] or 0.0) > 0.0:
-        return (f"the grid: {best}'s point ({_where(b)}) lands at {_pct(b)}, just past the target; "
+        return (f"the grid: {best}'s point ({setting_text(b)}) lands at {_pct(b)}, just past the target; "
                 f"between grid points Preheat's curve is the cheaper")
     if pre.get("target_utilization") == top_u and b.get("target_utilization") == top_u:
         return (f"both reach it only at U {top_u:g}, the grid's end, where Preheat's point buys {_pct(pre)} "
                 f"for {_hours(pre)} and {best}'s {_pct(b)} for {_hours(b)}: attainment past the target that "
                 f"no setting sells back")
-    return (f"{best}'s frontier lies below Preheat's here: {_pct(b)} for {_hours(b)} at {_where(b)}, "
-            f"Preheat {_pct(pre)} for {_hours(pre)} at {_where(pre)}")
+    return (f"{best}'s frontier lies below Preheat's here: {_pct(b)} for {_hours(b)} at {setting_text(b)}, "
+            f"Preheat {_pct(pre)} for {_hours(pre)} at {setting_text(pre)}")
 
 
 def _deciding_point(policies: dict[str, Any], name: str, cost: float | None) -> dict[str, Any] | None:
     if cost is None:
         return None
     return next(p for p in policies[name]["points"] if p["replica_seconds"] == cost)
-
-
-def _where(p: dict[str, Any]) -> str:
-    if p.get("target_utilization") is None:
-        return f"{p['replicas']} replicas"
-    window = p.get("signal_window_s")
-    return f"U {p['target_utilization']:g}" + (f", {window:g} s window" if window is not None else "")
 
 
 def _pct(p: dict[str, Any]) -> str:

@@ -154,6 +154,26 @@ def test_simulate_runs_the_spec_it_is_given_and_rejects_a_bad_one(tmp_path, caps
     assert "minReplicas must be <= scaling.maxReplicas" in capsys.readouterr().err
 
 
+def test_simulate_aims_at_the_spec_target_utilization_unless_the_flag_says_otherwise(tmp_path):
+    """`--spec` simulates the endpoint as the operator runs it: its scaling.targetUtilization is what every
+    policy aims at; an explicit --target-utilization still wins; without either, Knative's 0.7."""
+    trace = write_series(tmp_path / "d.csv", RATES[:12])
+    spec = tmp_path / "ep.yaml"
+    spec.write_text("spec:\n  model: {builtin: tiny}\n  scaling: {targetUtilization: 0.9}\n")
+    out = tmp_path / "r.json"
+    args = ["simulate", "--trace", str(trace), "--policy", "preheat,hpa", "--cold-start", "60", "--json", str(out)]
+    aims, cost = {}, {}
+    for extra in (["--spec", str(spec)], ["--spec", str(spec), "--target-utilization", "0.5"], []):
+        assert preheat_main([*args, *extra]) == 0
+        doc = json.loads(out.read_text())
+        aims[len(extra)] = doc["target_utilization"]
+        cost[len(extra)] = doc["policies"]["hpa"]["replica_seconds"]
+        if extra:
+            assert doc["spec"] == str(spec)
+    assert aims == {2: 0.9, 4: 0.5, 0: 0.7}
+    assert cost[2] < cost[0] < cost[4]  # the policies ran at that aim: more headroom costs more
+
+
 def test_simulate_reads_the_signal_over_the_spec_rate_windows(tmp_path):
     """The simulated operator queries rate() over its spec's prometheus.window, as the real one does: a
     step in demand shows in full one minute after it with "1m" and five minutes after it with "5m" (the

@@ -13,6 +13,9 @@ from typing import Any
 from preheat.sim.run import POLICY_NAMES, SimError, SimSettings, make_policy, prepare_workload, simulate
 from preheat.sim.traces import TraceError, load_cold_start, load_trace
 
+# What every policy aims at without --spec or --target-utilization (Knative's default target utilization).
+DEFAULT_TARGET_UTILIZATION = 0.7
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="preheat simulate", description=__doc__)
@@ -26,16 +29,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, help="concurrency slots per replica (per-request traces)")
     p.add_argument("--peak-replicas", type=int, default=20,
                    help="auto capacity: size a replica so the trace's peak needs this many (default 20)")
-    p.add_argument("--target-utilization", type=float, default=0.7, help="every policy aims at this (default 0.7)")
+    p.add_argument("--target-utilization", type=float, default=None,
+                   help=f"every policy aims at this (default: the --spec's scaling.targetUtilization, else "
+                   f"{DEFAULT_TARGET_UTILIZATION:g})")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate (default 1)")
     p.add_argument("--promotion-s", type=float, default=2.0, help="warm -> serving promotion time (default 2)")
     p.add_argument("--prefill-tps", type=float, default=40_000.0, help="prefill tokens/s of one request (default 40000)")
     p.add_argument("--decode-ms", type=float, default=25.0, help="decode time per output token (default 25 ms)")
     p.add_argument("--max-replicas", type=int, default=1000)
     p.add_argument("--spec", metavar="FILE.yaml",
-                   help="an InferenceEndpoint whose scaling Preheat runs (default: the CRD's defaults); its "
-                   "targetPerReplica and targetUtilization are the simulated fleet's capacity and "
-                   "--target-utilization, which every policy aims at")
+                   help="an InferenceEndpoint whose scaling Preheat runs (default: the CRD's defaults); the "
+                   "simulated fleet's capacity replaces its targetPerReplica, and its targetUtilization is "
+                   "what every policy aims at unless --target-utilization says otherwise")
     p.add_argument("--warm-cost-fraction", type=float, default=1.0,
                    help="a warm replica's cost relative to a serving one (default 1.0: a GPU held idle)")
     p.add_argument("--smooth", action="store_true",
@@ -153,12 +158,20 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         spec = load_spec(args.spec)
     return SimSettings(
         slo_ms=args.slo_ms, capacity_rps=args.capacity_rps, capacity_tps=args.capacity_tps, slots=args.slots,
-        target_utilization=args.target_utilization, peak_replicas=args.peak_replicas,
+        target_utilization=target_utilization(args.target_utilization, spec), peak_replicas=args.peak_replicas,
         prefill_tokens_per_s=args.prefill_tps, decode_s_per_token=args.decode_ms / 1000.0,
         promotion_s=args.promotion_s, max_replicas=args.max_replicas, seed=args.seed,
         preheat_overrides=parse_overrides(args.preheat), warm_cost_fraction=args.warm_cost_fraction, spec=spec,
         bursty=not args.smooth,
     )
+
+
+def target_utilization(flag: float | None, spec: Any) -> float:
+    """What every policy aims at: the flag when given, else the spec's targetUtilization (so `--spec`
+    simulates the endpoint as the operator would run it), else the default."""
+    if flag is not None:
+        return flag
+    return float(spec.scaling.target_utilization) if spec is not None else DEFAULT_TARGET_UTILIZATION
 
 
 def _ms(v: float | None, requests: bool) -> str:

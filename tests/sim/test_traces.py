@@ -157,6 +157,30 @@ def test_cold_start_number_and_files(tmp_path):
         load_cold_start("-1")
 
 
+def test_gzip_traces_and_cold_starts_read_as_their_text_and_a_damaged_one_says_why(tmp_path, data_dir):
+    """A gzip file is recognised by its bytes, whatever its name: the same trace as the plain file."""
+    import gzip
+
+    for name in ("mooncake_conversation_excerpt.jsonl", "azure_llm_2023_code_excerpt.csv", "servegen_m-mid_2days.csv"):
+        plain = data_dir / name
+        packed = tmp_path / (name + ".gz")
+        packed.write_bytes(gzip.compress(plain.read_bytes()))
+        a, b = load_trace(plain), load_trace(packed)
+        assert type(b) is type(a) and b.source_format == a.source_format
+        times = ("t_s", "rate_rps") if isinstance(a, SeriesTrace) else ("arrival_s",)
+        for k in times:
+            assert len(getattr(a, k)) > 0 and np.array_equal(getattr(b, k), getattr(a, k), equal_nan=True)
+    unnamed = tmp_path / "cold.csv"  # gzip without the .gz name
+    unnamed.write_bytes(gzip.compress(b"cold_start_s\n2\n4\n"))
+    assert load_cold_start(str(unnamed)).samples_s.tolist() == [2.0, 4.0]
+    damaged = tmp_path / "cut.csv.gz"
+    damaged.write_bytes(gzip.compress(b"timestamp\n1\n2\n" * 50)[:30])
+    with pytest.raises(TraceError, match="damaged gzip"):
+        load_trace(damaged)
+    with pytest.raises(TraceError, match="damaged gzip"):
+        load_cold_start(str(damaged))
+
+
 def test_cold_start_sampler_is_seeded_and_peek_matches_draw(tmp_path):
     (tmp_path / "ms.csv").write_text("cold_start_ms\n" + "\n".join(str(i * 1000) for i in range(1, 50)) + "\n")
     model = load_cold_start(str(tmp_path / "ms.csv"))

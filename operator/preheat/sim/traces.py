@@ -1,6 +1,6 @@
 """Trace readers: turn a request log or a per-window count series into arrays the simulator replays.
 
-Formats are auto-detected from the file itself (never from its name alone):
+Formats are auto-detected from the file itself (never from its name alone), gzip-compressed or not:
 
 * per-request CSV with a `timestamp` column: Azure LLM inference traces (`TIMESTAMP` as datetime
   strings, `ContextTokens`, `GeneratedTokens`), BurstGPT (`Timestamp` in seconds, `Request tokens`,
@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import gzip
 import io
 import json
 import math
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
@@ -36,6 +38,7 @@ _OUTPUT_COLUMNS = ("generatedtokens", "output_tokens", "output_length", "complet
                    "response_tokens", "output_len")
 # Timestamp columns and the unit each says (None: the format's default, or the epoch rule).
 _TIME_COLUMNS = {"timestamp": None, "timestamp_s": 1.0, "timestamp_ms": 1e-3}
+_GZIP_MAGIC = b"\x1f\x8b"
 # Absolute timestamps: seconds since the Unix epoch from 2001 to 5138, in one of these units.
 _EPOCH_SPAN_S = (1e9, 1e11)
 _UNITS_S = (1.0, 1e-3, 1e-6, 1e-9)
@@ -122,7 +125,7 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> Trac
     if not (isinstance(rate_scale, int | float) and math.isfinite(rate_scale) and rate_scale > 0):
         raise TraceError(f"--rate-scale must be a positive number, got {rate_scale!r}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         raise TraceError(f"trace file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -138,6 +141,18 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> Trac
         return SeriesTrace(trace.name, trace.t_s, trace.rate_rps * rate_scale, trace.window_s,
                            trace.source_format, rate_scale, trace.cv)
     return scale_requests(trace, rate_scale, seed)
+
+
+def read_text(path: Path) -> str:
+    """A file's UTF-8 text, gunzipped first when it is gzip (by its magic bytes, not its name): request
+    logs of weeks are often kept compressed. A damaged gzip file raises OSError, like an unreadable one."""
+    raw = path.read_bytes()
+    if raw[:2] == _GZIP_MAGIC:
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, zlib.error) as e:  # truncated or corrupt (gzip.BadGzipFile is an OSError already)
+            raise OSError(f"damaged gzip file: {e}") from None
+    return raw.decode("utf-8")
 
 
 def scale_requests(trace: RequestTrace, rate_scale: float, seed: int = 0) -> RequestTrace:
@@ -450,7 +465,7 @@ def load_cold_start(spec: str | float) -> ColdStartModel:
         return ColdStartModel(np.asarray([seconds]), f"{seconds:g} s")
     path = Path(str(spec))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         raise TraceError(f"--cold-start: neither a number nor an existing file: {spec!r}") from None
     except (OSError, UnicodeDecodeError) as e:

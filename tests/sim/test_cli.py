@@ -79,3 +79,19 @@ def test_a_series_without_traffic_asks_for_a_capacity_and_runs_with_one(tmp_path
         # no request at all prints "-", not "inf" (which means requests never served)
         row = next(line for line in table.splitlines() if line.startswith(name))
         assert row.split()[2:4] == ["-", "-"]
+
+
+def test_simulate_score_after_is_in_the_header_and_json_and_refused_past_the_end(tmp_path, capsys):
+    trace = write_series(tmp_path / "d.csv", [100.0, 120.0, 90.0, 110.0, 100.0, 95.0])
+    out = tmp_path / "r.json"
+    args = ["simulate", "--trace", str(trace), "--policy", "fixed", "--json", str(out)]
+    assert preheat_main([*args, "--score-after", "1200"]) == 0
+    assert "scored from 1200 s" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["score_after_s"] == 1200.0
+    assert preheat_main(args) == 0
+    full = json.loads(out.read_text())
+    fixed, fixed_full = doc["policies"]["fixed"], full["policies"]["fixed"]
+    assert fixed["requests"] < fixed_full["requests"] and fixed["replica_seconds"] < fixed_full["replica_seconds"]
+    assert preheat_main([*args, "--score-after", "3600"]) == 2
+    assert "--score-after must be at least 0 s and before the trace ends" in capsys.readouterr().err

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from preheat.sim.run import POLICY_NAMES, SimSettings, make_policy, prepare_workload, simulate
+import pytest
+from preheat.sim.run import POLICY_NAMES, SimError, SimSettings, make_policy, prepare_workload, simulate
 from preheat.sim.traces import load_cold_start, load_trace
 
 from .tracegen import write_requests, write_series
@@ -80,3 +81,32 @@ def test_preheat_fast_panic_path_promotes_warm_replicas_between_decisions(tmp_pa
         assert tl["desired_serving"][k] > tl["desired_serving"][k - 1]
     assert np.all(np.mod(runs[None].timeline["t"], 15.0) < 1e-9)  # off: decisions on the 15 s grid only
     assert runs[3.0].reasons.get("panic", 0) > runs[None].reasons.get("panic", 0)
+
+
+def test_score_after_leaves_the_warm_up_unscored_and_unbilled(tmp_path):
+    """`--score-after S`: every policy runs from the start, but only requests arriving from S count and
+    replicas are billed from S. A burst in the first minute that one replica cannot serve is a miss
+    without the warm-up and not scored with it; a fixed fleet pays for exactly the scored span."""
+    from preheat.sim.baselines import Fixed
+
+    rng = np.random.default_rng(3)
+    times = poisson_steps(rng, [(60, 5.0), (600, 0.3)])  # one replica serves ~2 req/s
+    path = write_requests(tmp_path / "burst_first.csv", times, inp=400, out=40)
+    c = load_cold_start("30")
+    by_after = {}
+    for after in (0.0, 300.0):
+        s = SimSettings(slots=2, slo_ms=3000, score_after_s=after)
+        w = prepare_workload(load_trace(path), s)
+        by_after[after] = simulate(w, Fixed(1), c, s), w.trace.duration_s
+    (all_, duration), (warm, _) = by_after[0.0], by_after[300.0]
+    assert all_.slo_attainment < 0.8 and warm.slo_attainment == 1.0
+    assert warm.requests == np.count_nonzero(times - times.min() >= 300.0) < all_.requests == len(times)
+    assert all_.replica_seconds == pytest.approx(duration)
+    assert warm.replica_seconds == pytest.approx(duration - 300.0)
+
+
+@pytest.mark.parametrize("after", [-1.0, 1e6, float("nan")])
+def test_score_after_outside_the_trace_is_refused(tmp_path, after):
+    path = write_requests(tmp_path / "t.csv", np.arange(0.0, 100.0, 1.0))
+    with pytest.raises(SimError, match="--score-after"):
+        prepare_workload(load_trace(path), SimSettings(score_after_s=after))

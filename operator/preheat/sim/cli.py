@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
                    "what every policy aims at unless --target-utilization says otherwise")
     p.add_argument("--warm-cost-fraction", type=float, default=1.0,
                    help="a warm replica's cost relative to a serving one (default 1.0: a GPU held idle)")
+    p.add_argument("--score-after", type=float, default=0.0, metavar="SECONDS",
+                   help="a warm-up: score only requests arriving from this time on and bill replicas from it "
+                   "(every policy still runs from the start; default 0)")
     p.add_argument("--smooth", action="store_true",
                    help="series: arrivals inside a window as a smooth flow (default: with its recorded CV)")
     p.add_argument("--preheat", action="append", default=[], metavar="KEY=VALUE",
@@ -127,10 +130,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "slo_ms": settings.slo_ms,
         "target_utilization": settings.target_utilization,
         "warm_cost_fraction": settings.warm_cost_fraction,
+        "score_after_s": settings.score_after_s,
         "spec": args.spec,
         "policies": {r.policy: _json_safe(r.summary()) for r in results},
     }
-    print(f"{trace.describe()}\n{w.describe()}; cold start {cold.label}; SLO {settings.slo_ms:g} ms TTFT")
+    print(f"{trace.describe()}\n{w.describe()}; cold start {cold.label}; SLO {settings.slo_ms:g} ms TTFT"
+          + scored_from(settings))
     print(format_table(out["policies"]))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
@@ -162,8 +167,13 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         prefill_tokens_per_s=args.prefill_tps, decode_s_per_token=args.decode_ms / 1000.0,
         promotion_s=args.promotion_s, max_replicas=args.max_replicas, seed=args.seed,
         preheat_overrides=parse_overrides(args.preheat), warm_cost_fraction=args.warm_cost_fraction, spec=spec,
-        bursty=not args.smooth,
+        bursty=not args.smooth, score_after_s=args.score_after,
     )
+
+
+def scored_from(settings: SimSettings) -> str:
+    """The header's note of a warm-up left unscored (empty without one)."""
+    return f"; scored from {settings.score_after_s:g} s (--score-after)" if settings.score_after_s else ""
 
 
 def target_utilization(flag: float | None, spec: Any) -> float:

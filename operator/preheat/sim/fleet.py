@@ -76,19 +76,21 @@ class ReplicaPool:
         self._next_id = 0
         self._last_t = now
         self.next_transition_s = math.inf
-        # Billing stops here (the end of the trace) so every policy pays for the same window.
+        # Billing runs from billing_from_s (a warm-up left unscored) and stops at horizon_s (the end of the
+        # trace), so every policy pays for the same window.
+        self.billing_from_s = 0.0
         self.horizon_s = math.inf
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def bill(self, now: float) -> None:
         """Charge every replica for the time since the last change (piecewise-constant counts)."""
         now = min(now, self.horizon_s)
-        dt = now - self._last_t
+        dt = now - max(self._last_t, self.billing_from_s)
         if dt > 0:
             for s in STATES:
                 if self.count[s]:
                     self.replica_seconds[s] += self.count[s] * dt
-            self._last_t = now
+        self._last_t = max(self._last_t, now)
 
     def _set(self, r: Replica, state: str) -> None:
         if r.state == STARTING and r.dest == SERVING:

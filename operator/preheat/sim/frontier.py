@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cold = load_cold_start(args.cold_start)
     w = prepare_workload(trace, settings)
     print(f"{trace.describe()}\n{w.describe()}; cold start {cold.label}; SLO {settings.slo_ms:g} ms TTFT; "
-          f"warm cost fraction {settings.warm_cost_fraction:g}", flush=True)
+          f"warm cost fraction {settings.warm_cost_fraction:g}" + cli.scored_from(settings), flush=True)
     started = time.perf_counter()
     if args.jobs < 1:
         raise SimError(f"--jobs must be at least 1, got {args.jobs}")
@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = {
         "trace": trace.describe(), "fleet": w.describe(), "cold_start": cold.label, "slo_ms": settings.slo_ms,
         "warm_cost_fraction": settings.warm_cost_fraction, "spec": args.spec, "bursty": settings.bursty,
+        "score_after_s": settings.score_after_s,
         "utilizations": list(utilizations), "slo_targets": list(targets), "policies": policies,
         # the simulations' CPU, in this process or in the --jobs processes
         "cpu_s": sum(p["cpu_s"] for p in policies.values()), "wall_s": time.perf_counter() - started,

@@ -67,6 +67,10 @@ class SimSettings:
     warm_cost_fraction: float = 1.0
     bursty: bool = True  # series: draw each step's arrivals with the window's recorded inter-arrival CV
     spec: Any = None  # an InferenceEndpointSpec for Preheat (None: the CRD's defaults)
+    # A warm-up: every policy runs from the trace's start, but only requests arriving from here on are
+    # scored and only replica-seconds from here on billed (a short log starts every autoscaled fleet at
+    # the first minutes' need, before any has seen the traffic; a running endpoint has).
+    score_after_s: float = 0.0
 
 
 @dataclass
@@ -150,6 +154,9 @@ def prepare_workload(trace: Trace, s: SimSettings) -> Workload:
         raise SimError(f"--target-utilization must be in (0, 1], got {s.target_utilization!r}")
     if not (math.isfinite(s.slo_ms) and s.slo_ms > 0):
         raise SimError(f"--slo-ms must be a positive number, got {s.slo_ms!r}")
+    if not (math.isfinite(s.score_after_s) and 0 <= s.score_after_s < trace.duration_s):
+        raise SimError(f"--score-after must be at least 0 s and before the trace ends ({trace.duration_s:g} s), "
+                       f"got {s.score_after_s!r}")
     signal = "tps" if s.capacity_tps is not None else "rps"
     fleet_kw = dict(prefill_tokens_per_s=s.prefill_tokens_per_s, decode_s_per_token=s.decode_s_per_token,
                     service_s=s.service_s, first_token_s=s.first_token_s, promotion_s=s.promotion_s,
@@ -345,6 +352,7 @@ def simulate(w: Workload, policy: SimPolicy, cold: ColdStartModel, s: SimSetting
     serving0, warm0 = policy.initial()
     pool = ReplicaPool(sampler, w.fleet.promotion_s)
     pool.horizon_s = w.trace.duration_s
+    pool.billing_from_s = s.score_after_s
     pool.seed(0.0, serving0, warm0)
     rec = _Recorder()
     if isinstance(w.trace, RequestTrace):
@@ -352,11 +360,13 @@ def simulate(w: Workload, policy: SimPolicy, cold: ColdStartModel, s: SimSetting
     else:
         latencies, weights, arrivals = _run_fluid(w, policy, pool, rec)
     slo = w.fleet.slo_s
+    tl = rec.arrays()
+    tl.update(_violations_timeline(arrivals, latencies > slo, weights, w))
+    scored = arrivals >= s.score_after_s
+    latencies, weights = latencies[scored], weights[scored]
     total = float(weights.sum())
     ok = float(weights[latencies <= slo].sum())
     p50, p99 = _weighted_quantiles(latencies, weights, (0.5, 0.99))
-    tl = rec.arrays()
-    tl.update(_violations_timeline(arrivals, latencies > slo, weights, w))
     result = SimResult(
         policy=policy.name, requests=total, slo_attainment=ok / total if total else 1.0,
         p50_latency_ms=None if p50 is None else p50 * 1000, p99_latency_ms=None if p99 is None else p99 * 1000,

@@ -110,3 +110,13 @@ def test_score_after_outside_the_trace_is_refused(tmp_path, after):
     path = write_requests(tmp_path / "t.csv", np.arange(0.0, 100.0, 1.0))
     with pytest.raises(SimError, match="--score-after"):
         prepare_workload(load_trace(path), SimSettings(score_after_s=after))
+
+
+def test_a_trace_of_one_instant_is_scored_without_a_warm_up(tmp_path):
+    """A log whose requests share one timestamp lasts 0 s: scored from 0, as before --score-after."""
+    path = write_requests(tmp_path / "one.csv", np.array([5.0, 5.0]))
+    s = SimSettings()
+    w = prepare_workload(load_trace(path), s)
+    c = load_cold_start("30")
+    r = simulate(w, make_policy("hpa", s, w, c), c, s)
+    assert r.requests == 2 and r.slo_attainment == 1.0

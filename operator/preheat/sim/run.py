@@ -154,7 +154,8 @@ def prepare_workload(trace: Trace, s: SimSettings) -> Workload:
         raise SimError(f"--target-utilization must be in (0, 1], got {s.target_utilization!r}")
     if not (math.isfinite(s.slo_ms) and s.slo_ms > 0):
         raise SimError(f"--slo-ms must be a positive number, got {s.slo_ms!r}")
-    if not (math.isfinite(s.score_after_s) and 0 <= s.score_after_s < trace.duration_s):
+    if not (math.isfinite(s.score_after_s) and s.score_after_s >= 0
+            and (s.score_after_s == 0 or s.score_after_s < trace.duration_s)):
         raise SimError(f"--score-after must be at least 0 s and before the trace ends ({trace.duration_s:g} s), "
                        f"got {s.score_after_s!r}")
     signal = "tps" if s.capacity_tps is not None else "rps"

@@ -48,10 +48,10 @@ def hold_lead_times(config: PolicyConfig) -> float:
     demand it cannot serve. That demand is priced at what the user pays to serve demand safely: at a
     target utilization U, 1 / U replicas per replica of demand (the headroom 1 - U is the user's own
     price of the SLO). So the more headroom the user buys, the longer a replica is held; at U = 1
-    (no headroom) it is the two lead times of plain ski rental. Measured on the frontier (README "A
-    hold priced by the headroom"): at 99.9 % deepseek-r1 from 4.1-10.3 % above KEDA to 5.1-12.0 % below
-    on the grid, m-mid at the measured cold starts 2.0 % -> 25.1 % below AIBrix; at 99 %, whose points
-    sit at U 0.8-1.0, within 0.8 % of two lead times."""
+    (no headroom) it is the two lead times of plain ski rental. Measured on the frontier
+    (docs/frontier-history.md, "A hold priced by the headroom"): at 99.9 % deepseek-r1 from 4.1-10.3 %
+    above KEDA to 5.1-12.0 % below on the grid, m-mid at the measured cold starts 2.0 % -> 25.1 % below
+    AIBrix; at 99 %, whose points sit at U 0.8-1.0, within 0.8 % of two lead times."""
     return 1.0 + 1.0 / config.target_utilization
 
 
@@ -71,10 +71,10 @@ def noise_floor(config: PolicyConfig, recent: Sequence[tuple[float, float]], nee
     The noise is measured on the short trend's samples (the stable-window signal over the last
     `trend_window_s`), around their line. This is what HPA's 300 s floor under the window did on noisy
     traffic, without holding every real step down of smooth traffic for minutes. Measured on the
-    frontier (99 %, U interpolated, against the best baseline; README "A noise floor instead of HPA's
-    300 s"): m-small 30 s 2.9 % -> 2.5 % above KPA, m-mid 30 s 0.7 % -> 1.7 % below AIBrix, mooncake
-    30 s 0.2 % -> 0.6 % below, deepseek-r1 30 s 1.6 % -> 1.4 % below (at 2 sigma it was 0.9 % above:
-    noise dips given back)."""
+    frontier (99 %, U interpolated, against the best baseline; docs/frontier-history.md, "A noise floor
+    instead of HPA's 300 s"): m-small 30 s 2.9 % -> 2.5 % above KPA, m-mid 30 s 0.7 % -> 1.7 % below
+    AIBrix, mooncake 30 s 0.2 % -> 0.6 % below, deepseek-r1 30 s 1.6 % -> 1.4 % below (at 2 sigma it was
+    0.9 % above: noise dips given back)."""
     if serving >= current or not noise_floor_on(config):
         return serving, reason
     sigma = noise_sigma(recent)

@@ -10,11 +10,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from preheat.sim.run import POLICY_NAMES, SimError, SimSettings, make_policy, prepare_workload, simulate
+from preheat.sim.run import (
+    DEFAULT_TARGET_UTILIZATION,
+    POLICY_NAMES,
+    SimError,
+    SimSettings,
+    make_policy,
+    prepare_workload,
+    simulate,
+)
 from preheat.sim.traces import TraceError, load_cold_start, load_trace
-
-# What every policy aims at without --spec or --target-utilization (Knative's default target utilization).
-DEFAULT_TARGET_UTILIZATION = 0.7
 
 
 def parser() -> argparse.ArgumentParser:

@@ -44,6 +44,10 @@ class SimPolicy(Protocol):
     def decide(self, obs: Observation) -> Decision: ...
 
 
+# What every policy aims at without --spec or --target-utilization (Knative's default target utilization).
+DEFAULT_TARGET_UTILIZATION = 0.7
+
+
 @dataclass(frozen=True)
 class SimSettings:
     """Everything about a run except the trace, the policy and the cold starts."""
@@ -52,7 +56,7 @@ class SimSettings:
     capacity_rps: float | None = None  # per replica, flat out; None = auto
     capacity_tps: float | None = None  # scale on tokens/s instead
     slots: int | None = None  # per-request model: concurrency per replica; None = from the capacity
-    target_utilization: float = 0.7  # what every policy aims at (the frontier sweeps it)
+    target_utilization: float = DEFAULT_TARGET_UTILIZATION  # what every policy aims at (the frontier sweeps it)
     peak_replicas: int = 20  # auto capacity: the trace's peak needs this many serving replicas at...
     sizing_utilization: float = 0.7  # ...this utilization (fixed, so a sweep of the target keeps the fleet)
     prefill_tokens_per_s: float = 40_000.0

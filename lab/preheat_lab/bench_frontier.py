@@ -4,7 +4,8 @@ cold start {30 s, measured, 300 s} x warm cost fraction {1.0, the measured CPU f
 Runs what `preheat frontier` runs, on one prepared workload per (trace, cold start): the baselines
 have no warm pool, so their frontier is the same at every warm cost fraction and runs once; Preheat
 runs at each fraction (its policy reads it). Writes one JSON per (trace, cold start) with both
-fractions, one PNG per (trace, cold start) and the README table (Markdown) with the margins.
+fractions, one PNG per (trace, cold start), the README table (Markdown) with the margins and its verdicts
+on one screen (`frontier-glance.md`: trace and SLO x cold start).
 
     python -m preheat_lab.bench_frontier --out-dir bench-results [--only m-small] [--colds 30,300] [--preheat-only]
 
@@ -230,6 +231,46 @@ def markdown(docs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def glance(docs: list[dict[str, Any]]) -> str:
+    """The table's verdicts on one screen: per trace and SLO target, one cell per cold start with
+    Preheat's cost against the cheapest baseline's at warm cost 1 (signed: -6.0 % is 6 % cheaper), on
+    the grid and between grid points; where the CPU warm pool changes the figures, those follow."""
+    colds = list(COLDS)
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for d in docs:
+        per_warm = {f: compare(res["policies"]) for f, res in d["warm_cost_fractions"].items()}
+        for target in per_warm.get("1", {}):
+            texts = [_signed(v[target]) for v in per_warm.values()]
+            text = texts[0] if len(set(texts)) == 1 else f"{texts[0]}; CPU warm pool {'; '.join(texts[1:])}"
+            cells.setdefault((d["trace_key"], target), {})[d["cold_key"]] = text
+    lines = ["| trace | SLO | " + " | ".join(f"{c} cold start" for c in colds) + " |",
+             "|---|---|" + "---|" * len(colds)]
+    for (trace, target), row in cells.items():
+        lines.append(f"| {trace} | {100 * float(target):g} % | "
+                     + " | ".join(row.get(c, "not run") for c in colds) + " |")
+    return "\n".join(lines)
+
+
+def _signed(row: dict[str, Any]) -> str:
+    """`-6.0 % aibrix (-2.2 %)`: Preheat against the cheapest baseline on the grid (between grid points)."""
+    if row["best_baseline"] is None:
+        pre = row["cost"].get("preheat")
+        return "no baseline reaches it" + ("" if pre is None else f"; Preheat does, {pre / 3600:.1f} h")
+    if row["margin_vs_best"] is None:
+        return f"Preheat does not reach it ({row['best_baseline']} does)"
+    text = f"{_percent(row['margin_vs_best'])} {row['best_baseline']}"
+    between = row["interpolated"]
+    if between["margin_vs_best"] is not None:
+        text += f" ({_percent(between['margin_vs_best'])} {between['best_baseline']})"
+    return text
+
+
+def _percent(margin: float) -> str:
+    """Preheat's cost relative to the baseline's, signed; two decimals where one would read +0.0."""
+    x = -100 * margin
+    return (f"{x:+.2f} %" if abs(x) < 0.05 else f"{x:+.1f} %").replace("-", "−")
+
+
 def oracle_ratio_text(ratio: float | None, between: dict[str, Any]) -> str:
     """Preheat / oracle on the grid, and between grid points in brackets."""
     if ratio is None:
@@ -298,6 +339,7 @@ def write_table(out_dir: Path) -> str:
     docs.sort(key=lambda d: (order.get(d["trace_key"], 99), colds.get(d["cold_key"], 99)))
     table = markdown(docs)
     (out_dir / "frontier.md").write_text(table + "\n")
+    (out_dir / "frontier-glance.md").write_text(glance(docs) + "\n")
     return table
 
 

@@ -364,3 +364,27 @@ def test_a_missed_target_says_why_in_terms_of_the_deciding_points():
                                      "0.99") == ""
     assert bench_frontier.why_missed(_frontiers(_pts((1.0, 0.995, 95.0)), _pts((1.0, 0.9, 50.0)), oracle),
                                      "0.99") == ""
+
+
+def test_the_glance_table_puts_each_verdict_in_its_trace_slo_and_cold_start_cell():
+    from preheat_lab import bench_frontier
+
+    oracle = _pts((1.0, 0.9995, 90.0))
+    # Preheat 100 h against kpa's 125 h at 99 % (20 % cheaper; between kpa's points it reaches 99 % at
+    # 115.2 h: 13.2 %); at 99.9 % kpa alone reaches it
+    won = _frontiers(_pts((1.0, 0.995, 100.0)), _pts((0.9, 0.9995, 125.0), (1.0, 0.985, 110.0)), oracle)
+    # a 0.02 % loss reads +0.02 %, not +0.0 %; the CPU warm pool's figures follow where they differ
+    close = _frontiers(_pts((1.0, 0.995, 100.02)), _pts((1.0, 0.995, 100.0)), oracle)
+    cheaper = _frontiers(_pts((1.0, 0.995, 90.0)), _pts((1.0, 0.995, 100.0)), oracle)
+    docs = [{"trace_key": "t", "cold_key": "30 s", "warm_cost_fractions": {"1": {"policies": won}}},
+            {"trace_key": "t", "cold_key": "300 s",
+             "warm_cost_fractions": {"1": {"policies": close}, "0.414": {"policies": cheaper}}}]
+    lines = bench_frontier.glance(docs).splitlines()
+    assert lines[0] == "| trace | SLO | 30 s cold start | measured cold start | 300 s cold start |"
+    assert lines[2] == ("| t | 99 % | −20.0 % kpa (−13.2 % kpa) | not run | "
+                        "+0.02 % kpa (+0.02 % kpa); CPU warm pool −10.0 % kpa (−10.0 % kpa) |")
+    assert lines[3] == "| t | 99.9 % | Preheat does not reach it (kpa does) | not run | no baseline reaches it |"
+    alone = _frontiers(_pts((0.5, 0.9995, 200.0)), _pts((0.5, 0.995, 150.0)), oracle)
+    doc = {"trace_key": "t", "cold_key": "measured", "warm_cost_fractions": {"1": {"policies": alone}}}
+    assert bench_frontier.glance([doc]).splitlines()[3] == (
+        "| t | 99.9 % | not run | no baseline reaches it; Preheat does, 200.0 h | not run |")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from preheat.scaling.policy import Observation, Reason
 from preheat.sim.baselines import HPA, KEDA, KPA, AIBrix, Fixed, SimContext
 from preheat.sim.traces import load_cold_start
@@ -85,6 +86,7 @@ def test_aibrix_trend_is_a_floor_never_a_ceiling():
     # reactive says ceil(64 / 10) = 7; the trend (+2 per 15 s) projects 64 + 16 = 80 at +120 s
     assert d.reactive_need == 7
     assert d.serving == 8 and d.reason == Reason.FORECAST
+    assert d.forecast_value == pytest.approx(80.0)
     falling = ready(AIBrix())
     for i, t in enumerate(range(0, 181, 15)):
         d = falling.decide(obs(t, 100.0 - 5.0 * i))
@@ -127,3 +129,13 @@ def test_always_on_frontier_attainment_rises_with_the_fleet(data_dir):
     assert attain == sorted(attain) and attain[0] < attain[-1]
     assert cost[0] < cost[1] < cost[2]
     assert fixed_frontier(data_dir / "servegen_m-mid_2days.csv", range(1, 3)) == []  # series: no frontier
+
+
+def test_aibrix_trend_is_clamped_to_four_times_the_window_mean():
+    spike = ready(AIBrix())
+    for t in range(0, 166, 15):
+        spike.decide(obs(t, 0.0))
+    d = spike.decide(obs(180, 130.0))
+    # 13 samples, mean 10: the line projects far above 4 x 10 = 40 at +120 s, so 40 it is
+    assert d.forecast_value == pytest.approx(40.0)
+    assert d.forecast_need == 4 and d.reactive_need == 13  # the floor stays under the reactive need

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from preheat.scaling.policy.terms import line
 from preheat.scaling.policy.types import Decision, Observation, Reason
 from preheat.sim.traces import ColdStartSampler
 
@@ -264,10 +265,10 @@ class AIBrix(HPA):
             self._history.popleft()
         if len(self._history) < 2:
             return reactive
-        ts = np.array([t for t, _ in self._history])
-        vs = np.array([v for _, v in self._history])
-        slope, intercept = np.polyfit(ts - now, vs, 1)
-        projected = float(np.clip(intercept + slope * self.horizon_s, 0.0, self.max_ratio * vs.mean()))
+        # the project's least-squares line (the one Preheat's short trend uses): np.polyfit on a dozen
+        # points cost most of a 14-day sweep's time
+        mt, mv, slope = line(self._history)
+        projected = min(max(mv + slope * (now + self.horizon_s - mt), 0.0), self.max_ratio * mv)
         floor = math.ceil(projected / self.target - 1e-9)
         if floor > reactive.serving:
             self.current = min(floor, self.ctx.max_replicas)

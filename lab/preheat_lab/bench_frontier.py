@@ -252,7 +252,8 @@ def glance(docs: list[dict[str, Any]]) -> str:
 
 
 def _signed(row: dict[str, Any]) -> str:
-    """`-6.0 % aibrix (-2.2 %)`: Preheat against the cheapest baseline on the grid (between grid points)."""
+    """`−6.0 % aibrix (−2.2 % aibrix)`: Preheat against the cheapest baseline on the grid (between grid
+    points, whose cheapest baseline may be another)."""
     if row["best_baseline"] is None:
         pre = row["cost"].get("preheat")
         return "no baseline reaches it" + ("" if pre is None else f"; Preheat does, {pre / 3600:.1f} h")

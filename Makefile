@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries peers peers-hpa node-binaries images shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-heldout-seeds bench-idle-nights bench-seeds bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-heldout-seeds bench-idle-nights bench-busy-serverless bench-seeds bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -123,6 +123,15 @@ bench-idle-nights: setup
 	$(VENV)/bin/preheat frontier --trace $(IDLE_NIGHTS) --cold-start ../shared/traces/alibaba_cold_starts_ms.csv \
 		--policy preheat --preheat min_replicas=0 --preheat scale_to_zero=true \
 		--json bench-results/frontier-idle-nights-measured-stz.json
+
+# The same endpoint never idle (--level 1.5: 0.3-2.7 requests/s all day, a fleet of one to four), every policy
+# at its defaults: bench-results/frontier-busy-serverless-measured*.
+BUSY_SERVERLESS := $(PREHEAT_CACHE)/busy-serverless.csv
+bench-busy-serverless: setup
+	@mkdir -p $(PREHEAT_CACHE)
+	$(PY) -m preheat_lab.idle_nights $(BUSY_SERVERLESS) --level 1.5
+	$(VENV)/bin/preheat frontier --trace $(BUSY_SERVERLESS) --cold-start ../shared/traces/alibaba_cold_starts_ms.csv --jobs 2 \
+		--json bench-results/frontier-busy-serverless-measured.json --plot bench-results/frontier-busy-serverless-measured.png
 
 # The frontier's verdict on other draws of the arrivals (seeds 1, 2; seed 0 from bench-frontier's JSON).
 bench-seeds: setup

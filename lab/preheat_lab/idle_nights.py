@@ -6,8 +6,10 @@ falls to nothing for a third of each day, with a weekly swing, and cold starts m
 kind of service (`alibaba_cold_starts_ms.csv`). It is where the autoscalers that scale to zero by
 default (Knative's KPA, KEDA) differ most from those that keep a replica (HPA, AIBrix, Preheat's
 default). A lab check, not a production trace: the shape is a sine, the arrivals Poisson per minute.
+`--level 1.5` lifts the wave off zero (0.3-2.7 requests/s, never idle): the same endpoint busy all day,
+where scale to zero cannot separate the policies and what remains is sizing a fleet of one to four.
 
-    python -m preheat_lab.idle_nights OUT.csv [--days 23] [--seed 1]
+    python -m preheat_lab.idle_nights OUT.csv [--days 23] [--seed 1] [--level 0.6]
     preheat frontier --trace OUT.csv --cold-start ../shared/traces/alibaba_cold_starts_ms.csv --jobs 2 --json F.json
 """
 
@@ -23,19 +25,26 @@ from preheat.scaling.forecast import DAY_S
 WEEK_S = 7 * DAY_S
 
 
-def rate_per_s(t_s: np.ndarray) -> np.ndarray:
-    """Requests/s at each time: a daily wave cut at zero for a third of the day, +-30 % over the week."""
-    daily = np.clip(1.2 * np.sin(2 * np.pi * (t_s / DAY_S - 0.3)) + 0.6, 0.0, None)
+IDLE_LEVEL = 0.6  # the wave's middle, requests/s: below its amplitude (1.2) it is cut at zero for a third of the day
+AMPLITUDE = 1.2
+
+
+def rate_per_s(t_s: np.ndarray, level: float = IDLE_LEVEL) -> np.ndarray:
+    """Requests/s at each time: a daily wave around `level` (cut at zero for a third of the day at the
+    default), +-30 % over the week."""
+    daily = np.clip(AMPLITUDE * np.sin(2 * np.pi * (t_s / DAY_S - 0.3)) + level, 0.0, None)
     return daily * (1.0 + 0.3 * np.sin(2 * np.pi * t_s / WEEK_S))
 
 
-def arrivals(days: int, seed: int) -> np.ndarray:
+def arrivals(days: int, seed: int, level: float = IDLE_LEVEL) -> np.ndarray:
     """Arrival times (s): Poisson counts per minute at `rate_per_s`, spread uniformly in their minute."""
     if days < 1:
         raise ValueError(f"--days must be >= 1, got {days}")
+    if not level >= 0.0:
+        raise ValueError(f"--level must be >= 0 requests/s, got {level}")
     rng = np.random.default_rng(seed)
     minutes = np.arange(0.0, days * DAY_S, 60.0)
-    counts = rng.poisson(rate_per_s(minutes) * 60.0)
+    counts = rng.poisson(rate_per_s(minutes, level) * 60.0)
     return np.concatenate([m + np.sort(rng.random(c)) * 60.0 for m, c in zip(minutes, counts, strict=True)])
 
 
@@ -44,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--days", type=int, default=23)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--level", type=float, default=IDLE_LEVEL,
+                    help=f"the daily wave's middle in requests/s (amplitude {AMPLITUDE:g}; default {IDLE_LEVEL:g}: "
+                         "idle a third of the day; from 1.2 on never idle)")
     args = ap.parse_args(argv)
     try:
-        times = arrivals(args.days, args.seed)
+        times = arrivals(args.days, args.seed, args.level)
     except ValueError as e:
         ap.error(str(e))
     args.out.write_text("timestamp\n" + "\n".join(f"{x:.3f}" for x in times) + "\n")

@@ -27,3 +27,15 @@ def test_written_trace_loads_as_requests_and_bad_days_are_refused(tmp_path, caps
     with pytest.raises(SystemExit):
         main([str(out), "--days", "0"])
     assert "--days must be >= 1" in capsys.readouterr().err
+
+
+def test_a_level_above_the_amplitude_is_never_idle_and_a_negative_level_is_refused(capsys, tmp_path):
+    minutes = np.arange(0.0, 7 * DAY_S, 60.0)
+    busy = rate_per_s(minutes, level=1.5)
+    assert busy.min() > 0.0  # no idle minute in a week
+    assert np.all(busy >= rate_per_s(minutes))  # the same wave, lifted
+    t = arrivals(1, seed=1, level=1.5)
+    assert len(t) > 2 * len(arrivals(1, seed=1))  # the idle third now serves too
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "b.csv"), "--level", "-0.5"])
+    assert "--level must be >= 0" in capsys.readouterr().err

@@ -6,7 +6,7 @@ falls to nothing for a third of each day, with a weekly swing, and cold starts m
 kind of service (`alibaba_cold_starts_ms.csv`). It is where the autoscalers that scale to zero by
 default (Knative's KPA, KEDA) differ most from those that keep a replica (HPA, AIBrix, Preheat's
 default). A lab check, not a production trace: the shape is a sine, the arrivals Poisson per minute.
-`--level 1.5` lifts the wave off zero (0.3-2.7 requests/s, never idle): the same endpoint busy all day,
+`--level 1.5` lifts the wave off zero (0.3-2.7 requests/s, +-30 % over the week: never idle): the same endpoint busy all day,
 where scale to zero cannot separate the policies and what remains is sizing a fleet of one to four.
 
     python -m preheat_lab.idle_nights OUT.csv [--days 23] [--seed 1] [--level 0.6]

@@ -124,8 +124,8 @@ bench-idle-nights: setup
 		--policy preheat --preheat min_replicas=0 --preheat scale_to_zero=true \
 		--json bench-results/frontier-idle-nights-measured-stz.json
 
-# The same endpoint never idle (--level 1.5: 0.3-2.7 requests/s, +-30 % over the week, a fleet of one to four), every policy
-# at its defaults: bench-results/frontier-busy-serverless-measured*.
+# The same endpoint never idle (--level 1.5: 0.3-2.7 requests/s, +-30 % over the week, a fleet of one to
+# four), every policy at its defaults: bench-results/frontier-busy-serverless-measured*.
 BUSY_SERVERLESS := $(PREHEAT_CACHE)/busy-serverless.csv
 bench-busy-serverless: setup
 	@mkdir -p $(PREHEAT_CACHE)

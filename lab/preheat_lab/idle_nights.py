@@ -6,8 +6,9 @@ falls to nothing for a third of each day, with a weekly swing, and cold starts m
 kind of service (`alibaba_cold_starts_ms.csv`). It is where the autoscalers that scale to zero by
 default (Knative's KPA, KEDA) differ most from those that keep a replica (HPA, AIBrix, Preheat's
 default). A lab check, not a production trace: the shape is a sine, the arrivals Poisson per minute.
-`--level 1.5` lifts the wave off zero (0.3-2.7 requests/s, +-30 % over the week: never idle): the same endpoint busy all day,
-where scale to zero cannot separate the policies and what remains is sizing a fleet of one to four.
+`--level 1.5` lifts the wave off zero (0.3-2.7 requests/s, +-30 % over the week: never idle): the same
+endpoint busy all day, where scale to zero cannot separate the policies and what remains is sizing a
+fleet of one to four.
 
     python -m preheat_lab.idle_nights OUT.csv [--days 23] [--seed 1] [--level 0.6]
     preheat frontier --trace OUT.csv --cold-start ../shared/traces/alibaba_cold_starts_ms.csv --jobs 2 --json F.json
@@ -25,8 +26,8 @@ from preheat.scaling.forecast import DAY_S
 WEEK_S = 7 * DAY_S
 
 
-IDLE_LEVEL = 0.6  # the wave's middle, requests/s: below its amplitude (1.2) it is cut at zero for a third of the day
-AMPLITUDE = 1.2
+AMPLITUDE = 1.2  # the daily wave's, requests/s
+IDLE_LEVEL = 0.6  # its middle, requests/s: below the amplitude it is cut at zero a third of the day
 
 
 def rate_per_s(t_s: np.ndarray, level: float = IDLE_LEVEL) -> np.ndarray:
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--days", type=int, default=23)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--level", type=float, default=IDLE_LEVEL,
-                    help=f"the daily wave's middle in requests/s (amplitude {AMPLITUDE:g}; default {IDLE_LEVEL:g}: "
-                         "idle a third of the day; from 1.2 on never idle)")
+                    help=f"the daily wave's middle in requests/s (amplitude {AMPLITUDE:g}; default "
+                         f"{IDLE_LEVEL:g}: idle a third of the day; from {AMPLITUDE:g} on never idle)")
     args = ap.parse_args(argv)
     try:
         times = arrivals(args.days, args.seed, args.level)

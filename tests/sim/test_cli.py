@@ -95,3 +95,20 @@ def test_simulate_score_after_is_in_the_header_and_json_and_refused_past_the_end
     assert fixed["requests"] < fixed_full["requests"] and fixed["replica_seconds"] < fixed_full["replica_seconds"]
     assert preheat_main([*args, "--score-after", "3600"]) == 2
     assert "--score-after must be at least 0 s and before the trace ends" in capsys.readouterr().err
+
+
+def test_simulate_by_day_prints_each_day_and_json_carries_them(tmp_path, capsys):
+    series = write_series(tmp_path / "s.csv", [100.0] * 144 + [100.0] * 60 + [4000.0] + [100.0] * 83)
+    out = tmp_path / "r.json"
+    rc = preheat_main(["simulate", "--trace", str(series), "--policy", "hpa", "--capacity-rps", "40",
+                       "--by-day", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "hpa by day:" in text
+    days = json.loads(out.read_text())["policies"]["hpa"]["days"]
+    assert [d["day"] for d in days] == [0, 1]
+    for d in days:  # one printed row a day: day, requests, late, attainment, replica-hours
+        att = 100 * (1 - d["late"] / d["requests"])
+        row = f"{d['day']:>4} {d['requests']:>12.0f} {d['late']:>10.0f} {att:>8.2f} {d['replica_seconds'] / 3600:>10.2f}"
+        assert row in text
+    assert days[0]["late"] < days[1]["late"]

@@ -102,3 +102,37 @@ def test_fluid_overload_queues_and_recovers(tmp_path):
     t = short.timeline["curve_t"]
     assert viol[t < 3000].sum() == 0  # before the peak nothing waits
     assert viol[t > 6 * 3600 - 600].sum() == 0  # the backlog drains once demand is back at 100 req/s
+
+
+def test_billing_by_day_splits_at_midnight_and_adds_up():
+    p = pool(cold=30.0)
+    p.seed(0.0, serving=2, warm=1)
+    p.bill(86_000.0)
+    p.apply(86_000.0, serving=3, warm=1)  # the warm replica promoted, one cold start to refill the pool
+    p.advance(86_030.0)
+    p.bill(86_400.0 + 600.0)
+    days = p.cost_by_day(1.0)
+    assert list(days) == [0, 1]
+    # three replicas until 86,000 s, then four (starting or not) across midnight
+    assert days[0] == pytest.approx(3 * 86_000 + 4 * 400)
+    assert days[1] == pytest.approx(4 * 600)
+    assert sum(p.cost_by_day(0.5).values()) == pytest.approx(p.cost_seconds(0.5))
+    assert p.cost_by_day(0.5)[1] == pytest.approx(3.5 * 600)  # the warm one at half price
+
+
+def test_per_day_puts_the_misses_and_the_cost_on_the_day_they_happen(tmp_path):
+    # three days at 100 req/s, with an hour at 300 req/s on day 1 only; a fixed fleet of 6 x 40 req/s
+    day = [100.0] * 144
+    rates = day + day[:60] + [300.0] * 6 + day[66:] + day
+    tr = load_trace(write_series(tmp_path / "s.csv", rates))
+    s = SimSettings(capacity_rps=40.0)
+    w = prepare_workload(tr, s)
+    r = simulate(w, Const(6), load_cold_start("30"), s)
+    assert [d["day"] for d in r.days] == [0, 1, 2]
+    assert r.days[0]["late"] == 0 and r.days[2]["late"] == 0 and r.days[1]["late"] > 0
+    assert sum(d["late"] for d in r.days) == pytest.approx((1 - r.slo_attainment) * r.requests)
+    assert sum(d["requests"] for d in r.days) == pytest.approx(r.requests)
+    assert r.days[1]["requests"] > r.days[0]["requests"]
+    for d in r.days:  # a constant fleet pays the same every full day
+        assert d["replica_seconds"] == pytest.approx(6 * 86_400)
+    assert sum(d["replica_seconds"] for d in r.days) == pytest.approx(r.replica_seconds)

@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{trace.describe()}\n{w.describe()}; cold start {cold.label}; SLO {settings.slo_ms:g} ms TTFT"
           + scored_from(settings))
     print(format_table(out["policies"]))
+    if getattr(args, "by_day", False):
+        print(format_days(out["policies"]))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(out, indent=2))
@@ -206,8 +208,23 @@ def format_table(policies: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def format_days(policies: dict[str, dict[str, Any]]) -> str:
+    """Per policy and day: requests, those that missed the SLO, attainment, replica-hours."""
+    rows = []
+    for name, r in policies.items():
+        rows.append(f"{name} by day: {'day':>4} {'requests':>12} {'late':>10} {'SLO %':>8} {'replica-h':>10}")
+        for d in r["days"]:
+            att = 100 * (1 - d["late"] / d["requests"]) if d["requests"] else 100.0
+            rows.append(f"{'':<{len(name) + 8}} {d['day']:>4} {d['requests']:>12.0f} {d['late']:>10.0f} {att:>8.2f} "
+                        f"{d['replica_seconds'] / 3600:>10.2f}")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
+    p.add_argument("--by-day", action="store_true",
+                   help="also print, per policy and day of the trace, the requests, those that missed the SLO "
+                   "and the replica-hours (where a multi-day SLO is lost)")
     args = p.parse_args(argv)
     try:
         run(args)

@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 
 from preheat.sim.traces import ColdStartSampler
 
 STARTING, WARM, PROMOTING, SERVING, DRAINING = "starting", "warm", "promoting", "serving", "draining"
+DAY_S = 86400.0  # the unit of `ReplicaPool.cost_by_day`: days from the trace's start
 STATES = (STARTING, WARM, PROMOTING, SERVING, DRAINING)
 
 
@@ -80,17 +82,36 @@ class ReplicaPool:
         # trace), so every policy pays for the same window.
         self.billing_from_s = 0.0
         self.horizon_s = math.inf
+        # The cumulative (all states, warm) replica-seconds at each midnight since the start, for
+        # `cost_by_day`: a snapshot per day crossed keeps billing as cheap as before.
+        self._midnights: list[tuple[float, float]] = []
+        self._next_midnight = DAY_S
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def bill(self, now: float) -> None:
         """Charge every replica for the time since the last change (piecewise-constant counts)."""
         now = min(now, self.horizon_s)
-        dt = now - max(self._last_t, self.billing_from_s)
+        start = max(self._last_t, self.billing_from_s)
+        while self._next_midnight < now:  # rare: the billed span crosses midnight
+            if start < self._next_midnight:
+                self._charge(self._next_midnight - start)
+                start = self._next_midnight
+            self._midnights.append((self.total_seconds(), self.replica_seconds[WARM]))
+            self._next_midnight += DAY_S
+        self._charge(now - start)
+        self._last_t = max(self._last_t, now)
+
+    def _charge(self, dt: float) -> None:
         if dt > 0:
             for s in STATES:
                 if self.count[s]:
                     self.replica_seconds[s] += self.count[s] * dt
-        self._last_t = max(self._last_t, now)
+
+    def cost_by_day(self, warm_cost_fraction: float = 1.0) -> dict[int, float]:
+        """Replica-seconds paid for on each day from the start (they add up to `cost_seconds`)."""
+        marks = [(0.0, 0.0), *self._midnights, (self.total_seconds(), self.replica_seconds[WARM])]
+        return {d: (t1 - t0) - (1.0 - warm_cost_fraction) * (w1 - w0)
+                for d, ((t0, w0), (t1, w1)) in enumerate(pairwise(marks))}
 
     def _set(self, r: Replica, state: str) -> None:
         if r.state == STARTING and r.dest == SERVING:

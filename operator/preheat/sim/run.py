@@ -23,7 +23,7 @@ import numpy as np
 from preheat.scaling.policy.types import Decision, Observation
 from preheat.sim.baselines import BASELINES, MetricView, SimContext
 from preheat.sim.bursts import bursty_flow, step_cv
-from preheat.sim.fleet import SERVING, FleetConfig, ReplicaPool
+from preheat.sim.fleet import DAY_S, SERVING, FleetConfig, ReplicaPool
 from preheat.sim.preheat_policy import PreheatPolicy
 from preheat.sim.traces import ColdStartModel, RequestTrace, SeriesTrace, Trace
 
@@ -96,6 +96,7 @@ class SimResult:
     wall_s: float = 0.0
     cpu_s: float = 0.0  # CPU time of this run (one core): the fair speed figure on a shared machine
     ramp_lead_s: list[float] | None = None
+    days: list[dict[str, float]] = field(default_factory=list)  # `per_day`: where the cost and the misses fall
     timeline: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def summary(self) -> dict[str, Any]:
@@ -107,6 +108,7 @@ class SimResult:
         if self.ramp_lead_s is not None:
             out["ramp_lead_s"] = self.ramp_lead_s
             out["ramp_lead_median_s"] = float(np.median(self.ramp_lead_s)) if self.ramp_lead_s else None
+        out["days"] = self.days
         return out
 
 
@@ -378,13 +380,26 @@ def simulate(w: Workload, policy: SimPolicy, cold: ColdStartModel, s: SimSetting
         replica_seconds=pool.cost_seconds(s.warm_cost_fraction), replica_seconds_by_state=dict(pool.replica_seconds),
         scale_actions=rec.ups + rec.downs, scale_ups=rec.ups, scale_downs=rec.downs,
         cold_starts=pool.cold_starts, promotions=pool.promotions, decisions=len(rec.rows), reasons=rec.reasons,
-        timeline=tl,
+        timeline=tl, days=per_day(pool, arrivals[scored], latencies > slo, weights, s.warm_cost_fraction),
     )
     if isinstance(w.trace, SeriesTrace) and w.trace.duration_s >= 2 * 86400:
         result.ramp_lead_s = ramp_leads(w, tl, s.target_utilization)
     result.wall_s = time.perf_counter() - started
     result.cpu_s = time.process_time() - cpu_started
     return result
+
+
+def per_day(pool: ReplicaPool, arrivals: np.ndarray, late: np.ndarray, weights: np.ndarray,
+            warm_cost_fraction: float) -> list[dict[str, float]]:
+    """Each day of the trace (from its start): the requests scored, those that missed the SLO and the
+    replica-seconds paid for. A 99 % SLO over two weeks is often lost on one or two days; this says which."""
+    cost = pool.cost_by_day(warm_cost_fraction)
+    day = (arrivals // DAY_S).astype(int)
+    n = 1 + max(max(cost, default=-1), int(day.max()) if len(day) else -1)
+    requests = np.bincount(day, weights=weights, minlength=n)
+    missed = np.bincount(day, weights=weights * late, minlength=n)
+    return [{"day": d, "requests": float(requests[d]), "late": float(missed[d]),
+             "replica_seconds": float(cost.get(d, 0.0))} for d in range(n)]
 
 
 def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs: tuple[float, ...]) -> list[float | None]:

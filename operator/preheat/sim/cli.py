@@ -215,16 +215,16 @@ def format_days(policies: dict[str, dict[str, Any]]) -> str:
         rows.append(f"{name} by day: {'day':>4} {'requests':>12} {'late':>10} {'SLO %':>8} {'replica-h':>10}")
         for d in r["days"]:
             att = 100 * (1 - d["late"] / d["requests"]) if d["requests"] else 100.0
-            rows.append(f"{'':<{len(name) + 8}} {d['day']:>4} {d['requests']:>12.0f} {d['late']:>10.0f} {att:>8.2f} "
-                        f"{d['replica_seconds'] / 3600:>10.2f}")
+            rows.append(f"{'':<{len(name) + 8}} {d['day']:>4} {d['requests']:>12.0f} {d['late']:>10.0f} "
+                        f"{att:>8.2f} {d['replica_seconds'] / 3600:>10.2f}")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     p.add_argument("--by-day", action="store_true",
-                   help="also print, per policy and day of the trace, the requests, those that missed the SLO "
-                   "and the replica-hours (where a multi-day SLO is lost)")
+                   help="also print, per policy and day of the trace, the requests, those that missed the "
+                   "SLO and the replica-hours (where a multi-day SLO is lost)")
     args = p.parse_args(argv)
     try:
         run(args)

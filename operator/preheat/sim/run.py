@@ -96,7 +96,7 @@ class SimResult:
     wall_s: float = 0.0
     cpu_s: float = 0.0  # CPU time of this run (one core): the fair speed figure on a shared machine
     ramp_lead_s: list[float] | None = None
-    days: list[dict[str, float]] = field(default_factory=list)  # `per_day`: where the cost and the misses fall
+    days: list[dict[str, float]] = field(default_factory=list)  # `per_day`: where cost and misses fall
     timeline: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def summary(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries peers peers-hpa node-binaries images shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-heldout bench-heldout-seeds bench-idle-nights bench-busy-serverless bench-seeds bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-fine-grid bench-heldout bench-heldout-seeds bench-idle-nights bench-busy-serverless bench-seeds bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -99,6 +99,11 @@ bench-sim: setup
 # The cost-SLO frontier (README table, bench-results/frontier*): long, nice it on a shared machine.
 bench-frontier: setup
 	$(PY) -m preheat_lab.bench_frontier --out-dir bench-results
+
+# The frontier table's verdicts with U's midpoints added (0.35 ... 0.95), measured instead of interpolated:
+# bench-results/frontier-fine*. Needs the stored frontier (bench-frontier) of this checkout's code.
+bench-fine-grid: setup
+	$(PY) -m preheat_lab.bench_fine_grid --out-dir bench-results
 
 # The frontier on variants the policy was not tuned on (fleet sizes, idle spans): bench-results/heldout*.
 bench-heldout: setup

@@ -153,9 +153,10 @@ def burst_check(path: Path, out: Path, rate_scale: float = 0.005, start_window: 
 ORACLE_RATIO_TARGET = 1.2  # the issue's target: Preheat's cost_at_slo at most 1.2x the oracle's
 
 
-def why_missed(policies: dict[str, Any], target: str) -> str:
+def why_missed(policies: dict[str, Any], target: str, fine: dict[str, Any] | None = None) -> str:
     """Why a row misses a target (the lowest non-oracle cost, at most 1.2x the oracle), in terms of the
-    points that decide it; empty where both targets hold or no baseline reaches the SLO."""
+    points that decide it; empty where both targets hold or no baseline reaches the SLO. `fine` is the row's
+    verdict on a grid twice as fine (`bench_fine_grid`), which says whether the 0.1 grid alone decided it."""
     row = compare(policies)[target]
     best, cost = row["best_baseline"], row["cost"]
     if best is None:
@@ -166,7 +167,11 @@ def why_missed(policies: dict[str, Any], target: str) -> str:
         top = max(policies["preheat"]["points"], key=lambda p: p["slo_attainment"])
         reasons.append(f"Preheat's best point reaches {_pct(top)} ({setting_text(top)})")
     elif not row["preheat_lowest"]:
-        reasons.append(_why_dearer(policies, row, pre))
+        reasons.append(_why_dearer(policies, row, pre, fine))
+    elif fine is not None and fine["best_baseline"] is not None and (fine["margin_vs_best"] or 0.0) < 0.0:
+        fb, fc = fine["best_baseline"], fine["cost"]
+        reasons.append(f"won on the 0.1 grid only: on the 0.05 grid {fb} reaches it for {fc[fb] / 3600:.1f} h, "
+                       f"Preheat for {fc['preheat'] / 3600:.1f} h ({margin_text(fine)})")
     ratio = row["preheat_vs_oracle"]
     if ratio is not None and ratio > ORACLE_RATIO_TARGET and pre is not None:
         o = _deciding_point(policies, "oracle", cost["oracle"])
@@ -175,12 +180,16 @@ def why_missed(policies: dict[str, Any], target: str) -> str:
     return "; ".join(reasons)
 
 
-def _why_dearer(policies: dict[str, Any], row: dict[str, Any], pre: dict[str, Any]) -> str:
+def _why_dearer(policies: dict[str, Any], row: dict[str, Any], pre: dict[str, Any],
+                fine: dict[str, Any] | None) -> str:
     best = row["best_baseline"]
     b = _deciding_point(policies, best, row["cost"][best])
-    interp = row["interpolated"]
     top_u = max(UTILIZATIONS)
-    if interp["best_baseline"] is not None and (interp["margin_vs_best"] or 0.0) > 0.0:
+    if fine is not None and fine["best_baseline"] is not None and (fine["margin_vs_best"] or 0.0) > 0.0:
+        return (f"the grid: {best}'s point ({setting_text(b)}) lands at {_pct(b)}, just past the target; "
+                f"on the 0.05 grid Preheat is the cheaper ({margin_text(fine)})")
+    interp = row["interpolated"]
+    if fine is None and interp["best_baseline"] is not None and (interp["margin_vs_best"] or 0.0) > 0.0:
         return (f"the grid: {best}'s point ({setting_text(b)}) lands at {_pct(b)}, just past the target; "
                 f"between grid points Preheat's curve is the cheaper")
     if pre.get("target_utilization") == top_u and b.get("target_utilization") == top_u:
@@ -205,14 +214,37 @@ def _hours(p: dict[str, Any]) -> str:
     return f"{p['replica_seconds'] / 3600:.1f} h"
 
 
-def markdown(docs: list[dict[str, Any]]) -> str:
+Fine = dict[tuple[str, str], dict[str, Any]]
+
+
+def fine_rows(fine: Fine | None, d: dict[str, Any], f: str) -> dict[str, Any] | None:
+    """This (trace, cold start, warm cost)'s verdicts on the 0.05 grid (`bench_fine_grid`), if measured on
+    this row's sweeps (a 0.05 grid made from other sweeps, e.g. before a rerun of Preheat's, is not used)."""
+    doc = (fine or {}).get((d["trace_key"], d["cold_key"]))
+    res = doc["warm_cost_fractions"].get(f) if doc else None
+    if res is None or f not in d["warm_cost_fractions"]:
+        return None
+    ours = d["warm_cost_fractions"][f]["policies"]
+    for name, sweep_ in res["policies"].items():
+        coarse = [p for p in sweep_["points"] if p.get("target_utilization") in UTILIZATIONS or name == "oracle"]
+        if name in ours and coarse != ours[name]["points"] and name not in ("fixed", "oracle"):
+            return None
+    return res["rows"]
+
+
+def markdown(docs: list[dict[str, Any]], fine: Fine | None = None) -> str:
+    """The frontier table: every policy's cost at each SLO, Preheat's margin and its ratio to the oracle on
+    the 0.1 grid, then on the 0.05 grid where it was measured (`bench_fine_grid`; else interpolated
+    between the 0.1 grid's points, marked ≈), and why a target is missed."""
     names = [n for n in POLICY_NAMES]
     head = ("| trace | cold start | warm cost | SLO | " + " | ".join(names)
-            + " | Preheat vs best baseline | Preheat / oracle (U interpolated) | Preheat vs best baseline, U interpolated | where a target is missed, why |")
+            + " | Preheat vs best baseline | Preheat / oracle (0.05 grid) | Preheat vs best baseline, 0.05 grid"
+            " | where a target is missed, why |")
     lines = [head, "|" + "---|" * 4 + "---:|" * (len(names) + 3) + "---|"]
     for d in docs:
         for f, res in d["warm_cost_fractions"].items():
             label = f if f == "1" else (f"{f} (stand-in)" if d.get("cpu_warm_fraction_is_a_standin") else f"{f} (CPU)")
+            finer = fine_rows(fine, d, f)
             # recomputed from the points: rows stored before a field was added get it too
             for target, row in compare(res["policies"]).items():
                 def h(x: float | None) -> str:
@@ -220,27 +252,29 @@ def markdown(docs: list[dict[str, Any]]) -> str:
 
                 cells = [("**" + h(row["cost"][n]) + "**") if n == "preheat" else h(row["cost"][n]) for n in names]
                 m, r = row["margin_vs_best"], row["preheat_vs_oracle"]
-                between = row["interpolated"]
+                second = finer[target] if finer else row["interpolated"]
+                mark = "" if finer else "≈ "
                 margin = "no baseline reaches it" if row["best_baseline"] is None else (
                     "Preheat does not reach it" if m is None
                     else f"{100 * abs(m):.1f} % {'below' if m > 0 else 'above'} {row['best_baseline']}")
                 lines.append(f"| {d['trace_key']} | {d['cold_key']} | {label} | {100 * float(target):g} % | "
-                             + " | ".join(cells) + f" | {margin} | {oracle_ratio_text(r, between)} | "
-                             + margin_text(between) + " | "
-                             + why_missed(res["policies"], target) + " |")
+                             + " | ".join(cells) + f" | {margin} | {oracle_ratio_text(r, second, mark)} | "
+                             + mark + margin_text(second) + " | "
+                             + why_missed(res["policies"], target, finer[target] if finer else None) + " |")
     return "\n".join(lines)
 
 
-def glance(docs: list[dict[str, Any]]) -> str:
+def glance(docs: list[dict[str, Any]], fine: Fine | None = None) -> str:
     """The table's verdicts on one screen: per trace and SLO target, one cell per cold start with
     Preheat's cost against the cheapest baseline's at warm cost 1 (signed: -6.0 % is 6 % cheaper), on
-    the grid and between grid points; where the CPU warm pool changes the figures, those follow."""
+    the 0.1 grid and (in brackets) on the 0.05 grid where it was measured, else between the 0.1 grid's
+    points (marked ≈); where the CPU warm pool changes the figures, those follow."""
     colds = list(COLDS)
     cells: dict[tuple[str, str], dict[str, str]] = {}
     for d in docs:
-        per_warm = {f: compare(res["policies"]) for f, res in d["warm_cost_fractions"].items()}
-        for target in per_warm.get("1", {}):
-            texts = [_signed(v[target]) for v in per_warm.values()]
+        per_warm = {f: (compare(res["policies"]), fine_rows(fine, d, f)) for f, res in d["warm_cost_fractions"].items()}
+        for target in per_warm.get("1", ({}, None))[0]:
+            texts = [_signed(v[target], fv[target] if fv else None) for v, fv in per_warm.values()]
             text = texts[0] if len(set(texts)) == 1 else f"{texts[0]}; CPU warm pool {'; '.join(texts[1:])}"
             cells.setdefault((d["trace_key"], target), {})[d["cold_key"]] = text
     lines = ["| trace | SLO | " + " | ".join(f"{c} cold start" for c in colds) + " |",
@@ -251,18 +285,18 @@ def glance(docs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _signed(row: dict[str, Any]) -> str:
-    """`−6.0 % aibrix (−2.2 % aibrix)`: Preheat against the cheapest baseline on the grid (between grid
-    points, whose cheapest baseline may be another)."""
+def _signed(row: dict[str, Any], fine: dict[str, Any] | None = None) -> str:
+    """`−6.0 % aibrix (−5.4 % aibrix)`: Preheat against the cheapest baseline on the 0.1 grid, then on the
+    0.05 grid (`fine`), or between the 0.1 grid's points (`≈`; whose cheapest baseline may be another)."""
     if row["best_baseline"] is None:
         pre = row["cost"].get("preheat")
         return "no baseline reaches it" + ("" if pre is None else f"; Preheat does, {pre / 3600:.1f} h")
     if row["margin_vs_best"] is None:
         return f"Preheat does not reach it ({row['best_baseline']} does)"
     text = f"{_percent(row['margin_vs_best'])} {row['best_baseline']}"
-    between = row["interpolated"]
-    if between["margin_vs_best"] is not None:
-        text += f" ({_percent(between['margin_vs_best'])} {between['best_baseline']})"
+    second, mark = (fine, "") if fine is not None else (row["interpolated"], "≈ ")
+    if second["margin_vs_best"] is not None:
+        text += f" ({mark}{_percent(second['margin_vs_best'])} {second['best_baseline']})"
     return text
 
 
@@ -272,12 +306,12 @@ def _percent(margin: float) -> str:
     return (f"{x:+.2f} %" if abs(x) < 0.05 else f"{x:+.1f} %").replace("-", "−")
 
 
-def oracle_ratio_text(ratio: float | None, between: dict[str, Any]) -> str:
-    """Preheat / oracle on the grid, and between grid points in brackets."""
+def oracle_ratio_text(ratio: float | None, between: dict[str, Any], mark: str = "") -> str:
+    """Preheat / oracle on the grid, and in brackets on a finer grid or between grid points (`mark`)."""
     if ratio is None:
         return "—"
     b = between.get("preheat_vs_oracle")
-    return f"{ratio:.2f}×" + ("" if b is None else f" ({b:.2f}×)")
+    return f"{ratio:.2f}×" + ("" if b is None else f" ({mark}{b:.2f}×)")
 
 
 def count_cheapest(verdicts: Iterable[dict[str, Any]]) -> tuple[int, int, int]:
@@ -334,13 +368,16 @@ def main(argv: list[str] | None = None) -> int:
 def write_table(out_dir: Path) -> str:
     """frontier.md from every frontier-*.json in `out_dir` this benchmark wrote (runs may be split across
     processes); a plain `preheat frontier --json` beside them (one trace, no `trace_key`) is not a row."""
-    docs = [d for d in (json.loads(p.read_text()) for p in out_dir.glob("frontier-*.json")) if "trace_key" in d]
+    docs = [d for d in (json.loads(p.read_text()) for p in out_dir.glob("frontier-*.json")
+                        if not p.name.startswith("frontier-fine-")) if "trace_key" in d]
     order = {k: i for i, k in enumerate(TRACES)}
     colds = {k: i for i, k in enumerate(COLDS)}
     docs.sort(key=lambda d: (order.get(d["trace_key"], 99), colds.get(d["cold_key"], 99)))
-    table = markdown(docs)
+    fine = {(d["trace_key"], d["cold_key"]): d for d in
+            (json.loads(p.read_text()) for p in out_dir.glob("frontier-fine-*.json"))}
+    table = markdown(docs, fine)
     (out_dir / "frontier.md").write_text(table + "\n")
-    (out_dir / "frontier-glance.md").write_text(glance(docs) + "\n")
+    (out_dir / "frontier-glance.md").write_text(glance(docs, fine) + "\n")
     return table
 
 

@@ -80,6 +80,7 @@ def test_frontier_writes_every_policy_points_cost_and_a_png(tmp_path, capsys):
         if reached and pre is not None:
             assert row["margin_vs_best"] == pytest.approx(1 - pre / reached[row["best_baseline"]])
         assert f"at {100 * float(target):g} %: Preheat" in printed
+    assert "sweep a finer grid: --utilizations 0.3,0.35" in printed  # the estimate says what measures it
     lines = {line.split()[0]: line for line in printed.splitlines() if line.startswith("  ") and line.split()}
     for name, p in doc["policies"].items():  # each cheapest point printed with its setting
         best = cheapest_point(p["points"], 0.99)
@@ -381,10 +382,32 @@ def test_the_glance_table_puts_each_verdict_in_its_trace_slo_and_cold_start_cell
              "warm_cost_fractions": {"1": {"policies": close}, "0.414": {"policies": cheaper}}}]
     lines = bench_frontier.glance(docs).splitlines()
     assert lines[0] == "| trace | SLO | 30 s cold start | measured cold start | 300 s cold start |"
-    assert lines[2] == ("| t | 99 % | −20.0 % kpa (−13.2 % kpa) | not run | "
-                        "+0.02 % kpa (+0.02 % kpa); CPU warm pool −10.0 % kpa (−10.0 % kpa) |")
+    # without a 0.05 grid measured, the brackets are between the 0.1 grid's points, marked ≈
+    assert lines[2] == ("| t | 99 % | −20.0 % kpa (≈ −13.2 % kpa) | not run | "
+                        "+0.02 % kpa (≈ +0.02 % kpa); CPU warm pool −10.0 % kpa (≈ −10.0 % kpa) |")
     assert lines[3] == "| t | 99.9 % | Preheat does not reach it (kpa does) | not run | no baseline reaches it |"
     alone = _frontiers(_pts((0.5, 0.9995, 200.0)), _pts((0.5, 0.995, 150.0)), oracle)
     doc = {"trace_key": "t", "cold_key": "measured", "warm_cost_fractions": {"1": {"policies": alone}}}
     assert bench_frontier.glance([doc]).splitlines()[3] == (
         "| t | 99.9 % | not run | no baseline reaches it; Preheat does, 200.0 h | not run |")
+
+
+def test_a_finer_grid_replaces_the_interpolation_and_explains_a_win_it_takes_back():
+    from preheat.sim.verdict import compare
+    from preheat_lab import bench_frontier
+
+    oracle = _pts((1.0, 0.9995, 90.0))
+    # on the 0.1 grid Preheat (100 h) beats kpa (125 h) at 99 %; kpa's 0.95 point reaches 99 % for 98 h
+    coarse = _frontiers(_pts((1.0, 0.995, 100.0)), _pts((0.9, 0.9995, 125.0), (1.0, 0.985, 110.0)), oracle)
+    finer = _frontiers(_pts((1.0, 0.995, 100.0), (0.95, 0.996, 104.0)),
+                       _pts((0.9, 0.9995, 125.0), (0.95, 0.991, 98.0), (1.0, 0.985, 110.0)), oracle)
+    doc = {"trace_key": "t", "cold_key": "30 s", "warm_cost_fractions": {"1": {"policies": coarse}}}
+    fine = {("t", "30 s"): {"warm_cost_fractions": {"1": {"policies": finer, "rows": compare(finer)}}}}
+    assert bench_frontier.glance([doc], fine).splitlines()[2] == "| t | 99 % | −20.0 % kpa (+2.0 % kpa) | not run | not run |"
+    assert bench_frontier.why_missed(coarse, "0.99", compare(finer)["0.99"]) == (
+        "won on the 0.1 grid only: on the 0.05 grid kpa reaches it for 98.0 h, Preheat for 100.0 h (2.0 % above kpa)")
+    # a 0.05 grid made from other sweeps than the row's (Preheat rerun since) is not used
+    stale = _frontiers(_pts((1.0, 0.995, 101.0), (0.95, 0.996, 104.0)), finer["kpa"]["points"], oracle)
+    fine_stale = {("t", "30 s"): {"warm_cost_fractions": {"1": {"policies": stale, "rows": compare(stale)}}}}
+    assert bench_frontier.glance([doc], fine_stale).splitlines()[2] == (
+        "| t | 99 % | −20.0 % kpa (≈ −13.2 % kpa) | not run | not run |")

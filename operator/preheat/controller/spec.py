@@ -371,8 +371,8 @@ class WarmPoolSpec(_Model):
     min: int = Field(
         default=0, ge=0, le=1000,
         description="Warm replicas kept whatever the forecast says. Default 0: the policy keeps warm replicas "
-        "where they pay (the forecast's margin and the replicas freed within the scale-down window, when costFraction "
-        "is below what a warm replica is worth: the cold start's share of the lead time).",
+        "where they pay (the forecast's margin, and replicas the queue promoted, on loan, when costFraction is "
+        "below what a warm replica is worth: the cold start's share of the lead time).",
     )
     max: int = Field(default=2, ge=0, le=1000)
     burst_memory_seconds: int = Field(
@@ -398,9 +398,8 @@ class WarmPoolSpec(_Model):
         default=None, gt=0.0, le=1.0,
         description="What a warm replica costs relative to a serving one. Default: from warmPool.resources "
         "(requests priced as cores + GiB x memoryCostPerGib), 1.0 without them (a GPU held idle costs the same). "
-        "Serving is sized by the point forecast at the target utilization. The forecast's safety margin and the "
-        "replicas freed by a scale-down wait in the warm pool only where a warm replica costs less than it is "
-        "worth: it serves a surprise only once the signal shows it and a decision promotes it, so it is worth "
+        "Serving is sized by the point forecast at the target utilization. The forecast's safety margin waits in "
+        "the warm pool only where a warm replica costs less than it is worth: it serves a surprise only once the signal shows it and a decision promotes it, so it is worth "
         "the cold start's share of the lead time ((lead - decision interval - rate window - scrape) / lead: "
         "0.75 at a 300 s cold start, 0 at 30 s with the defaults). Elsewhere (and always at 1) the policy is the "
         "one it runs at 1.",

@@ -70,8 +70,8 @@ def decide_measured(
     """`decide` with the cleaned cold-start samples and the lead time already worked out.
 
     `ready=False` (the forecaster has no season yet: its forecast is the level) keeps the upper quantile
-    out of the warm pool (a spread the headroom 1 - U already prices; freed replicas still wait there
-    where a warm one pays), and the signal's short trend stands in for the forecast (`trend_floor`);
+    out of the warm pool (a spread the headroom 1 - U already prices; the queue's promotions still go
+    back there where a warm one pays), and the signal's short trend stands in for the forecast (`trend_floor`);
     with `ready` the trend over the lead time is a hedge the scale-down window does not hold
     (`forecast_with_trend`).
     `(measured, lead)` must be `measured_cold_starts(config, obs.cold_start_samples_s,
@@ -113,7 +113,7 @@ def decide_measured(
     # What serves for the rate signals and the forecast (the window's held recommendations): replicas
     # serving beyond it were promoted from the warm pool because requests queued, and are on loan.
     held = min(serving, serving_queue.max(now, window) or serving)
-    warm, total_queue = warm_pool(config, total_recs, now, serving, margin_need, window, pays, held)
+    warm, total_queue = warm_pool(config, total_recs, now, serving, margin_need, window, pays, held, recommendation)
     burst_queue, burst_need = burst_envelope(config, state.burst_needs, now, needs, current)
     warm, reason = apply_burst(config, serving, warm, burst_need, reason, prev_serving, prev_warm, notes)
 

@@ -191,7 +191,7 @@ class PolicyConfig:
         """Whether capacity beyond `warm_pool_min` is worth keeping warm at this lead time: only when a warm
         replica costs less than the protection it buys, `warm_cost_fraction` < `warm_value(lead_s)`.
         At the same price a warm replica buys nothing a serving one would not (it serves only after a
-        promotion), so the forecast's margin and the replicas freed on a scale-down wait in the warm pool
+        promotion), so the forecast's margin (and the queue's promotions, on loan) wait in the warm pool
         only when it is cheaper than that; otherwise the policy is the one it runs at a warm cost of 1."""
         if self.warm_cost_fraction >= 1.0 or self.margin_in_serving:
             return False

@@ -17,19 +17,22 @@ def warm_pool(
     window: float,
     pays: bool,
     held: int,
+    recommended: int,
 ) -> tuple[int, TimeWindow]:
     """Warm pool = configured minimum + the forecast's burst margin (upper need beyond serving).
 
-    The margin and the freed replicas are kept only where a warm replica costs less than it is worth
-    (`warm_pays`: the cold start's share of the lead time, `PolicyConfig.warm_value`); elsewhere the
-    pool is the configured minimum, as at a warm cost of 1. Replicas the queue promoted beyond what the
-    rate signals and the forecast hold (`held`) are the margin's, on loan: the pool is not refilled for
-    them with cold starts. Where a warm replica pays, the total (serving + warm) is
-    stabilized like serving, so replicas freed from serving are demoted to the warm pool for the
-    window instead of being deleted and cold-started again. At the same price the warm pool is the
-    configured minimum: a replica held warm would cost what it cost serving and serve only after a
-    promotion (measured: deleting them was cheaper at every SLO on deepseek-r1 and m-small). Capped by
-    warm_pool_max and by max_replicas - serving (max_replicas bounds the Deployment).
+    The margin is kept only where a warm replica costs less than it is worth (`warm_pays`: the cold
+    start's share of the lead time, `PolicyConfig.warm_value`); elsewhere the pool is the configured
+    minimum, as at a warm cost of 1. Replicas the queue promoted beyond what the rate signals and the
+    forecast hold (`held`) are the margin's, on loan: the pool is not refilled for them with cold
+    starts, and where a warm replica pays the total (serving + warm) is stabilized over the window so
+    that they go back to the pool when the queue is gone. The total is counted on `recommended` (the
+    serving recommendation before the scale-down window, the queue's included), not on the stabilized
+    serving: a replica freed from serving has been held there for the window already, which is ski
+    rental's whole rent for one re-buy (`scale_down.hold_lead_times`), so it is deleted then, not held a
+    second window warm (measured: that second window cost 0.5-2 % more replica-hours for the same SLO on
+    deepseek-r1, m-small and m-mid at 300 s, docs/frontier-history.md). Capped by warm_pool_max and by
+    max_replicas - serving (max_replicas bounds the Deployment).
     """
     if serving == 0:
         return 0, total_recs.record(now, 0, window)
@@ -39,7 +42,7 @@ def warm_pool(
     # Replicas the queue promoted (serving - base) are the margin's, on loan: the pool is not refilled
     # with cold starts for them; they come back to it when the queue is gone.
     warm_rec = max(min(config.warm_pool_min, config.warm_pool_max), warm_rec - (serving - base))
-    total_rec = serving + warm_rec
+    total_rec = min(serving, recommended) + warm_rec
     total_queue = total_recs.record(now, total_rec, window)
     if not pays:
         return max(0, min(warm_rec, config.max_replicas - serving)), total_queue

@@ -36,7 +36,7 @@ from preheat.sim.run import prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 from preheat.sim.verdict import compare, margin_text
 
-from preheat_lab.bench_frontier import COLDS, count_cheapest, frontier_stem
+from preheat_lab.bench_frontier import COLDS, count_cheapest, frontier_stem, rows_in
 from preheat_lab.bench_sim import COLD_FILE, TRACES, default_traces_dir
 
 MIDPOINTS = tuple(round(0.35 + 0.1 * i, 2) for i in range(7))  # 0.35 ... 0.95
@@ -147,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_table(out_dir: Path) -> str:
     """frontier-fine.md from every frontier-fine-*.json in `out_dir`, in the frontier table's order."""
-    docs = [json.loads(p.read_text()) for p in out_dir.glob("frontier-fine-*.json")]
-    order, colds = {k: i for i, k in enumerate(TRACES)}, {k: i for i, k in enumerate(COLDS)}
-    docs.sort(key=lambda d: (order.get(d["trace_key"], 99), colds.get(d["cold_key"], 99)))
-    md = table(docs)
+    md = table(rows_in(out_dir, "frontier-fine-*.json"))
     (out_dir / "frontier-fine.md").write_text(md + "\n")
     return md
 

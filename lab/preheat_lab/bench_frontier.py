@@ -366,16 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def rows_in(out_dir: Path, pattern: str) -> list[dict[str, Any]]:
+    """The benchmark's row documents (those with a `trace_key`) among `out_dir`'s files matching `pattern`,
+    in the table's order: trace, then cold start."""
+    docs = [d for d in (json.loads(p.read_text()) for p in out_dir.glob(pattern)) if "trace_key" in d]
+    order, colds = {k: i for i, k in enumerate(TRACES)}, {k: i for i, k in enumerate(COLDS)}
+    return sorted(docs, key=lambda d: (order.get(d["trace_key"], 99), colds.get(d["cold_key"], 99)))
+
+
 def write_table(out_dir: Path) -> str:
     """frontier.md from every frontier-*.json in `out_dir` this benchmark wrote (runs may be split across
     processes); a plain `preheat frontier --json` beside them (one trace, no `trace_key`) is not a row."""
-    docs = [d for d in (json.loads(p.read_text()) for p in out_dir.glob("frontier-*.json")
-                        if not p.name.startswith("frontier-fine-")) if "trace_key" in d]
-    order = {k: i for i, k in enumerate(TRACES)}
-    colds = {k: i for i, k in enumerate(COLDS)}
-    docs.sort(key=lambda d: (order.get(d["trace_key"], 99), colds.get(d["cold_key"], 99)))
-    fine = {(d["trace_key"], d["cold_key"]): d for d in
-            (json.loads(p.read_text()) for p in out_dir.glob("frontier-fine-*.json"))}
+    docs = [d for d in rows_in(out_dir, "frontier-*.json") if not d.get("utilizations_added")]
+    fine = {(d["trace_key"], d["cold_key"]): d for d in rows_in(out_dir, "frontier-fine-*.json")}
     table = markdown(docs, fine)
     (out_dir / "frontier.md").write_text(table + "\n")
     (out_dir / "frontier-glance.md").write_text(glance(docs, fine) + "\n")

@@ -120,3 +120,45 @@ def test_a_trace_of_one_instant_is_scored_without_a_warm_up(tmp_path):
     c = load_cold_start("30")
     r = simulate(w, make_policy("hpa", s, w, c), c, s)
     assert r.requests == 2 and r.slo_attainment == 1.0
+
+
+class _ScaleDownAt:
+    """A scripted policy: `before` serving replicas until `at_s`, then `after` (nothing else decides)."""
+
+    name, interval_s = "scripted", 15.0
+
+    def __init__(self, before: int, after: int, at_s: float) -> None:
+        from preheat.sim.baselines import PROMETHEUS
+
+        self.metrics, self.before, self.after, self.at_s = PROMETHEUS, before, after, at_s
+
+    def prepare(self, ctx) -> None:
+        self.ctx = ctx
+
+    def initial(self) -> tuple[int, int]:
+        return self.before, 0
+
+    def decide(self, obs):
+        from preheat.scaling.policy.types import Decision, Reason
+
+        n = self.before if obs.time_s < self.at_s else self.after
+        return Decision(serving=n, warm=0, reason=Reason.REACTIVE, detail="scripted", time_s=obs.time_s)
+
+
+def test_a_replica_removed_while_busy_is_billed_draining_until_its_last_request_ends(tmp_path):
+    """The per-request engine bills only before replica counts can change (not at every arrival): a replica
+    scaled away while it serves drains, and is paid for until the request it holds ends, not until the
+    next event after that. Two 100 s requests on two replicas, one replica removed at the 15 s decision,
+    a last request at 300 s (the trace's end): 300 + 15 s serving, and draining from 15 s to the end of
+    the removed replica's request (at 100.0025 or 100.5025 s, whichever it held)."""
+    path = write_requests(tmp_path / "long.csv", np.array([0.0, 0.5, 300.0]), inp=100, out=4000)
+    s = SimSettings(slots=1, slo_ms=3000)
+    w = prepare_workload(load_trace(path), s)
+    c = load_cold_start("30")
+    r = simulate(w, _ScaleDownAt(2, 1, 10.0), c, s)
+    service = 100 / s.prefill_tokens_per_s + 4000 * s.decode_s_per_token
+    by_state = r.replica_seconds_by_state
+    assert by_state["serving"] == pytest.approx(315.0)
+    assert min(abs(by_state["draining"] - (start + service - 15.0)) for start in (0.0, 0.5)) < 1e-6
+    assert r.replica_seconds == pytest.approx(315.0 + by_state["draining"])
+    assert r.slo_attainment == 1.0

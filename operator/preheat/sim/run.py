@@ -23,7 +23,7 @@ import numpy as np
 from preheat.scaling.policy.types import Decision, Observation
 from preheat.sim.baselines import BASELINES, MetricView, SimContext
 from preheat.sim.bursts import bursty_flow, step_cv
-from preheat.sim.fleet import DAY_S, SERVING, FleetConfig, ReplicaPool
+from preheat.sim.fleet import DAY_S, DRAINING, SERVING, FleetConfig, ReplicaPool
 from preheat.sim.preheat_policy import PreheatPolicy
 from preheat.sim.traces import ColdStartModel, RequestTrace, SeriesTrace, Trace
 
@@ -430,11 +430,17 @@ _DONE, _WAKE, _DECIDE, _PANIC = 0, 1, 2, 3
 
 
 def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recorder):
-    arrivals = w.trace.arrival_s
-    service, prefill = w.service_s, w.prefill_s
+    """The per-request engine: arrivals and events in time order, each request to the least busy serving
+    replica with a free slot, else FIFO. Billing is piecewise-constant in the replica counts, so the pool
+    is billed only before something can change them (a decision, a transition, a draining replica's last
+    request), not at every arrival: the same replica-seconds, summed in fewer pieces (a third of the run)."""
+    arrivals_np = w.trace.arrival_s
+    # Python floats in the loop: indexing a list is several times cheaper than a numpy scalar, and the
+    # arithmetic is the same IEEE double arithmetic.
+    arrivals, service, prefill = arrivals_np.tolist(), w.service_s.tolist(), w.prefill_s.tolist()
     slots = w.fleet.slots
     n = len(arrivals)
-    ttft = np.full(n, math.inf)
+    ttft = [math.inf] * n
     sig = _Signal(w)
     queue: deque[int] = deque()
     events: list[tuple[float, int, int, Any]] = []
@@ -481,8 +487,7 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
         if t_arr <= t_evt:
             if t_arr == math.inf:
                 break
-            now = t_arr
-            pool.bill(now)
+            now = t_arr  # an arrival changes no replica count: nothing to bill
             best = None
             for r in pool.replicas.values():
                 if r.state == SERVING and r.busy < slots and (best is None or r.busy < best.busy):
@@ -496,14 +501,16 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
         now, _, kind, data = heapq.heappop(events)
         if now > give_up:
             break
-        pool.bill(now)
         if kind == _DONE:
             data.busy -= 1
             if data.state == SERVING and queue:
                 start(queue.popleft(), data, now)
-            else:
+            elif data.state == DRAINING and data.busy == 0:
+                pool.bill(now)  # its last request: the draining replica goes away now
                 pool.released(data)
-        elif kind == _WAKE:
+            continue
+        pool.bill(now)
+        if kind == _WAKE:
             scheduled.discard(now)
             if pool.advance(now):
                 fill(now)
@@ -535,7 +542,7 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
             push(now + policy.interval_s, _DECIDE, None)
     # Bill only the trace's span so every policy pays for the same window.
     pool.bill(end)
-    return ttft, w.weights if w.signal == "rps" else np.ones(n), arrivals
+    return np.array(ttft), w.weights if w.signal == "rps" else np.ones(n), arrivals_np
 
 
 # --- fluid engine ---------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from preheat.scaling.policy.types import Decision, Observation, Reason
+from preheat.sim.baselines import PROMETHEUS
 from preheat.sim.run import POLICY_NAMES, SimError, SimSettings, make_policy, prepare_workload, simulate
 from preheat.sim.traces import load_cold_start, load_trace
 
@@ -128,19 +130,15 @@ class _ScaleDownAt:
     name, interval_s = "scripted", 15.0
 
     def __init__(self, before: int, after: int, at_s: float) -> None:
-        from preheat.sim.baselines import PROMETHEUS
-
         self.metrics, self.before, self.after, self.at_s = PROMETHEUS, before, after, at_s
 
-    def prepare(self, ctx) -> None:
+    def prepare(self, ctx: object) -> None:
         self.ctx = ctx
 
     def initial(self) -> tuple[int, int]:
         return self.before, 0
 
-    def decide(self, obs):
-        from preheat.scaling.policy.types import Decision, Reason
-
+    def decide(self, obs: Observation) -> Decision:
         n = self.before if obs.time_s < self.at_s else self.after
         return Decision(serving=n, warm=0, reason=Reason.REACTIVE, detail="scripted", time_s=obs.time_s)
 

@@ -399,7 +399,8 @@ class WarmPoolSpec(_Model):
         description="What a warm replica costs relative to a serving one. Default: from warmPool.resources "
         "(requests priced as cores + GiB x memoryCostPerGib), 1.0 without them (a GPU held idle costs the same). "
         "Serving is sized by the point forecast at the target utilization. The forecast's safety margin waits in "
-        "the warm pool only where a warm replica costs less than it is worth: it serves a surprise only once the signal shows it and a decision promotes it, so it is worth "
+        "the warm pool only where a warm replica costs less than it is worth: it serves a surprise only once the "
+        "signal shows it and a decision promotes it, so it is worth "
         "the cold start's share of the lead time ((lead - decision interval - rate window - scrape) / lead: "
         "0.75 at a 300 s cold start, 0 at 30 s with the defaults). Elsewhere (and always at 1) the policy is the "
         "one it runs at 1.",

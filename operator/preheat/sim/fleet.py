@@ -141,9 +141,11 @@ class ReplicaPool:
         self.count[r.state] -= 1
         del self.replicas[r.id]
 
-    def released(self, r: Replica) -> None:
-        """A request finished on `r`: a draining replica with nothing left goes away."""
+    def released(self, r: Replica, now: float) -> None:
+        """A request finished on `r` at `now`: a draining replica with nothing left goes away (billed up to
+        `now` first, since the counts change; the per-request engine bills only before they can)."""
         if r.state == DRAINING and r.busy == 0:
+            self.bill(now)
             self.count[DRAINING] -= 1
             del self.replicas[r.id]
 

@@ -23,7 +23,7 @@ import numpy as np
 from preheat.scaling.policy.types import Decision, Observation
 from preheat.sim.baselines import BASELINES, MetricView, SimContext
 from preheat.sim.bursts import bursty_flow, step_cv
-from preheat.sim.fleet import DAY_S, DRAINING, SERVING, FleetConfig, ReplicaPool
+from preheat.sim.fleet import DAY_S, SERVING, FleetConfig, ReplicaPool
 from preheat.sim.preheat_policy import PreheatPolicy
 from preheat.sim.traces import ColdStartModel, RequestTrace, SeriesTrace, Trace
 
@@ -506,9 +506,8 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
             data.busy -= 1
             if data.state == SERVING and queue:
                 start(queue.popleft(), data, now)
-            elif data.state == DRAINING and data.busy == 0:
-                pool.bill(now)  # its last request: the draining replica goes away now
-                pool.released(data)
+            else:
+                pool.released(data, now)
             continue
         pool.bill(now)
         if kind == _WAKE:

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.preheat-setup-stamp
 
 .PHONY: setup binaries peers peers-hpa node-binaries images shell crd test test-unit test-cluster test-lmeval lint cluster-up cluster-down demo \
-        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-fine-grid bench-heldout bench-heldout-seeds bench-idle-nights bench-busy-serverless bench-seeds bench-forecast bench-cluster clean
+        bench-server bench-engine bench-http bench-peers bench-sim bench-frontier bench-fine-grid bench-heldout bench-heldout-seeds bench-idle-nights bench-busy-serverless bench-chat bench-seeds bench-forecast bench-cluster clean
 
 # The venv is rebuilt only when a pyproject (the product's or the lab's) changes; pip's cache lives
 # outside the repo.
@@ -137,6 +137,11 @@ bench-busy-serverless: setup
 	$(PY) -m preheat_lab.idle_nights $(BUSY_SERVERLESS) --level 1.5
 	$(VENV)/bin/preheat frontier --trace $(BUSY_SERVERLESS) --cold-start ../shared/traces/alibaba_cold_starts_ms.csv --jobs 2 \
 		--json bench-results/frontier-busy-serverless-measured.json --plot bench-results/frontier-busy-serverless-measured.png
+
+# Synthetic one-hour chat traffic (preheat_lab.chat_traffic: mild, medium, bursty; seeds 1, 2) x cold start
+# {30 s, measured, 300 s}, every policy at its defaults: bench-results/frontier-chat.{md,json}, chat/*.json.
+bench-chat: setup
+	$(PY) -m preheat_lab.bench_chat --out-dir bench-results --jobs 2
 
 # The frontier's verdict on other draws of the arrivals (seeds 1, 2; seed 0 from bench-frontier's JSON).
 bench-seeds: setup

@@ -26,17 +26,18 @@ from preheat.sim.run import POLICY_NAMES, prepare_workload
 from preheat.sim.traces import load_cold_start, load_trace
 from preheat.sim.verdict import compare, margin_text
 
+from preheat_lab.bench_frontier import COLDS
 from preheat_lab.bench_sim import COLD_FILE, default_traces_dir
-from preheat_lab.chat_traffic import PRESETS
-from preheat_lab.chat_traffic import main as write_trace
+from preheat_lab.chat_traffic import PRESETS, write
 
 SHOWN = ("preheat", "hpa", "keda", "kpa", "aibrix", "fixed", "oracle")
 
 
 def colds(traces_dir: Path) -> dict[str, str]:
-    """The benchmark's cold starts: 30 s, the measured distribution where the shared folder has it, 300 s."""
+    """The frontier benchmark's cold starts (`bench_frontier.COLDS`); the measured one only where the shared
+    folder has its distribution."""
     measured = traces_dir / COLD_FILE
-    return {"30 s": "30", **({"measured": str(measured)} if measured.exists() else {}), "300 s": "300"}
+    return {k: v or str(measured) for k, v in COLDS.items() if v or measured.exists()}
 
 
 def run_cell(trace: Path, cold_arg: str, jobs: int) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def run_cell(trace: Path, cold_arg: str, jobs: int) -> dict[str, Any]:
 def rows(cell: dict[str, Any]) -> list[str]:
     """The table's rows for one cell: cost per policy (replica-hours) and Preheat's margin, per SLO."""
     out = []
-    for target, row in compare(cell["policies"]).items():
+    for target, row in cell["verdict"].items():
         costs = " | ".join("—" if row["cost"].get(n) is None else f"{row['cost'][n] / 3600:.1f}" for n in SHOWN)
         out.append(f"| {cell['preset']} | {cell['seed']} | {cell['cold_key']} | {100 * float(target):g} % | {costs} "
                    f"| {margin_text(row)} | {_ratio(row)} |")
@@ -93,19 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     for preset in presets:
         for seed in seeds:
             trace = work / f"{preset}-s{seed}.csv"
-            write_trace([str(trace), "--preset", preset, "--seed", str(seed)])
+            write(trace, PRESETS[preset], seed)
             for cold_key, cold_arg in colds(traces_dir).items():
                 policies = run_cell(trace, cold_arg, args.jobs)
                 cell = {"preset": preset, "seed": seed, "cold_key": cold_key, "policies": policies}
                 name = f"frontier-{preset}-s{seed}-{cold_key.replace(' ', '')}.json"
                 (work / name).write_text(json.dumps({**cell, "machine": machine()}, indent=1))
+                cell["verdict"] = compare(policies)
                 cells.append(cell)
                 print("\n".join(rows(cell)), flush=True)
             trace.unlink()  # drawn again from its seed; the JSON is the result
     table = markdown(cells)
     (args.out_dir / "frontier-chat.md").write_text(table)
-    summary = {"cells": [{k: c[k] for k in ("preset", "seed", "cold_key")} | {"verdict": compare(c["policies"])}
-                         for c in cells],
+    summary = {"cells": [{k: c[k] for k in ("preset", "seed", "cold_key", "verdict")} for c in cells],
                "cpu_s": _cpu_s() - started, "wall_s": time.monotonic() - wall, "machine": machine()}
     (args.out_dir / "frontier-chat.json").write_text(json.dumps(summary, indent=1))
     print(table)

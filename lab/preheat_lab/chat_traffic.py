@@ -73,6 +73,14 @@ def requests(shape: Shape, seed: int, duration_s: float = HOUR_S) -> tuple[np.nd
     return t, inp, out
 
 
+def write(path: Path, shape: Shape, seed: int) -> int:
+    """Draw an hour of `shape` from `seed` into a per-request CSV (timestamp, token counts); the request count."""
+    t, inp, out = requests(shape, seed)
+    rows = "\n".join(f"{x:.3f},{i},{o}" for x, i, o in zip(t, inp, out, strict=True))
+    path.write_text("timestamp,input_tokens,output_tokens\n" + rows + "\n")
+    return len(t)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m preheat_lab.chat_traffic", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
@@ -85,12 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     shape = Shape(base.sigma if args.sigma is None else args.sigma,
                   base.segment_s if args.segment_s is None else args.segment_s, base.swing)
     try:
-        t, inp, out = requests(shape, args.seed)
+        n = write(args.out, shape, args.seed)
     except ValueError as e:
         ap.error(str(e))
-    rows = "\n".join(f"{x:.3f},{i},{o}" for x, i, o in zip(t, inp, out, strict=True))
-    args.out.write_text("timestamp,input_tokens,output_tokens\n" + rows + "\n")
-    print(f"{args.out}: {len(t)} requests over one hour ({args.preset}, sigma {shape.sigma:g}, "
+    print(f"{args.out}: {n} requests over one hour ({args.preset}, sigma {shape.sigma:g}, "
           f"{shape.segment_s:g} s segments, seed {args.seed})")
     return 0
 

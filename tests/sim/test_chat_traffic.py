@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from preheat.sim.traces import load_trace
+from preheat.sim.verdict import compare
 from preheat_lab.bench_chat import main as bench_main
 from preheat_lab.bench_chat import markdown
 from preheat_lab.chat_traffic import HOUR_S, PRESETS, Shape, main, requests, segment_rates
@@ -52,7 +53,7 @@ def _cell(preheat: float | None, kpa: float | None) -> dict:
         pts = [] if cost is None else [{"slo_attainment": 0.9995, "replica_seconds": cost}]
         return {"points": pts, "cost_at_slo": {"0.99": cost, "0.999": cost}}
     return {"preset": "medium", "seed": 1, "cold_key": "30 s",
-            "policies": {"preheat": pol(preheat), "kpa": pol(kpa), "oracle": pol(3600.0)}}
+            "verdict": compare({"preheat": pol(preheat), "kpa": pol(kpa), "oracle": pol(3600.0)})}
 
 
 def test_the_table_gives_each_policy_s_hours_preheat_s_margin_and_its_ratio_to_the_oracle():

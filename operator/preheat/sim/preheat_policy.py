@@ -73,6 +73,8 @@ class PreheatPolicy:
 
     name = "preheat"
     metrics = PROMETHEUS
+    # The policy reads the model servers' gauges (requests waiting and running), as scraped by `metrics`.
+    reads_gauges = True
 
     def __init__(self, workload: Workload, cold: ColdStartModel, overrides: dict[str, Any] | None = None,
                  spec: InferenceEndpointSpec | None = None, warm_cost_fraction: float = 1.0) -> None:

@@ -317,7 +317,7 @@ class _Recorder:
 
 
 def _observation(
-    now: float, sig: _Signal, view: MetricView, pool: ReplicaPool, queue: float, running: float | None = None
+    now: float, sig: _Signal, view: MetricView, pool: ReplicaPool, queue: float | None, running: float | None = None
 ) -> Observation:
     if view.needs_pods and not pool.replicas:
         # nothing to scrape: the operator's `count(up == 1)` is empty, its observation stale (NoMetrics)
@@ -326,7 +326,7 @@ def _observation(
     return _gauges(now, pool, queue, running, value=stable, value_panic=panic)
 
 
-def _gauges(now: float, pool: ReplicaPool, queue: float, running: float | None,
+def _gauges(now: float, pool: ReplicaPool, queue: float | None, running: float | None,
             value: float | None = None, value_panic: float | None = None, stale: bool = False) -> Observation:
     """Pod counts and the model server's gauges; the rate signal only when a full decision reads it
     (the fast panic path reads the gauges alone)."""
@@ -426,7 +426,30 @@ def _violations_timeline(arrivals: np.ndarray, bad: np.ndarray, weights: np.ndar
 
 # --- per-request engine ----------------------------------------------------------------------------------
 
-_DONE, _WAKE, _DECIDE, _PANIC = 0, 1, 2, 3
+_DONE, _WAKE, _DECIDE, _PANIC, _SCRAPE = 0, 1, 2, 3, 4
+
+
+class _ScrapedGauges:
+    """The model servers' gauges (requests waiting, running) as a decision reads them from Prometheus:
+    sampled at each scrape, and read at the last scrape at least the query delay old, exactly as the
+    rate signal is (`_Signal.observe`). The operator's `queue` and `running` queries are instant
+    queries over scraped series, so the requests present a decision sees are up to a scrape and a
+    delay old, not the engine's current queue."""
+
+    def __init__(self, view: MetricView) -> None:
+        self.view = view
+        self.samples: deque[tuple[int, float, float]] = deque(maxlen=64)  # (scrape index, waiting, running)
+
+    def scrape(self, k: int, waiting: float, running: float) -> None:
+        self.samples.append((k, waiting, running))
+
+    def read(self, now: float) -> tuple[float | None, float | None]:
+        """(waiting, running) at the last scrape a query at `now` sees; (None, None) before the first."""
+        k = math.floor((now - self.view.delay_s) / self.view.scrape_s)
+        for j, waiting, running in reversed(self.samples):
+            if j <= k:
+                return waiting, running
+        return None, None
 
 
 def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recorder):
@@ -467,6 +490,8 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
                 start(queue.popleft(), r, now)
 
     scheduled: set[float] = set()
+    # Policies that read the model servers' gauges (Preheat) read them as scraped (`_ScrapedGauges`).
+    gauges = _ScrapedGauges(policy.metrics) if getattr(policy, "reads_gauges", False) else None
 
     def wake() -> None:
         # one timer at the next replica transition (a start finishing or a promotion landing)
@@ -476,6 +501,8 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
             push(t, _WAKE, None)
 
     push(0.0, _DECIDE, None)
+    if gauges is not None:
+        push(gauges.view.scrape_s, _SCRAPE, 1)
     # A policy with a fast panic path (Preheat's panic_interval_s) is also asked every
     # panic_interval_s between decisions, on the model server's gauges only.
     panic_s = getattr(policy, "panic_interval_s", None)
@@ -509,6 +536,11 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
             else:
                 pool.released(data, now)
             continue
+        if kind == _SCRAPE:  # changes no replica count: nothing to bill
+            gauges.scrape(data, float(len(queue)), _running(pool))  # type: ignore[union-attr]
+            if i < n or queue:
+                push((data + 1) * gauges.view.scrape_s, _SCRAPE, data + 1)  # type: ignore[union-attr]
+            continue
         pool.bill(now)
         if kind == _WAKE:
             scheduled.discard(now)
@@ -518,6 +550,8 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
         elif kind == _PANIC:
             if i >= n and not queue:
                 continue
+            # fresh gauges: a loop between decisions (simulator-only, off by default) would read the pods
+            # themselves, as Knative's autoscaler reads its queue-proxies, not Prometheus
             obs = _gauges(now, pool, float(len(queue)), _running(pool))
             d = policy.panic_decide(obs)
             if d is not None:
@@ -530,8 +564,10 @@ def _run_requests(w: Workload, policy: SimPolicy, pool: ReplicaPool, rec: _Recor
         else:  # decide
             if i >= n and not queue:
                 continue  # trace over and everyone served: stop ticking
-            # the model server's gauges: requests in a slot (running) and waiting for one (queue)
-            obs = _observation(now, sig, policy.metrics, pool, float(len(queue)), _running(pool))
+            # the model server's gauges: requests in a slot (running) and waiting for one (queue), as
+            # scraped for a policy that reads them
+            waiting, running = gauges.read(now) if gauges is not None else (float(len(queue)), _running(pool))
+            obs = _observation(now, sig, policy.metrics, pool, waiting, running)
             d = policy.decide(obs)
             pool.apply(now, d.serving, d.warm)
             rec.record(now, obs, d, pool)

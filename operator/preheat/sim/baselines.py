@@ -34,6 +34,11 @@ class MetricView:
     # metric behind KEDA).
     needs_pods: bool = False
 
+    def last_scrape(self, now: float) -> int:
+        """Index k of the last scrape (at k x scrape_s) a query at `now` sees: one at least the query
+        delay old. Below 1 there is none yet (the scrape at 0 has no rate window behind it)."""
+        return math.floor((now - self.delay_s) / self.scrape_s)
+
 
 PROMETHEUS = MetricView()
 # Knative's autoscaler scrapes the queue-proxies itself every second and averages its own windows.

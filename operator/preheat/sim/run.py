@@ -279,7 +279,7 @@ class _Signal:
         return self._tables[view]
 
     def observe(self, now: float, view: MetricView) -> tuple[float | None, float | None]:
-        k = math.floor((now - view.delay_s) / view.scrape_s)
+        k = view.last_scrape(now)
         if k < 1:
             return None, None
         stable, panic = self._table(view)
@@ -431,8 +431,8 @@ _DONE, _WAKE, _DECIDE, _PANIC, _SCRAPE = 0, 1, 2, 3, 4
 
 class _ScrapedGauges:
     """The model servers' gauges (requests waiting, running) as a decision reads them from Prometheus:
-    sampled at each scrape, and read at the last scrape at least the query delay old, exactly as the
-    rate signal is (`_Signal.observe`). The operator's `queue` and `running` queries are instant
+    sampled at each scrape, and read at the last scrape a query sees (`MetricView.last_scrape`), as the
+    rate signal is. The operator's `queue` and `running` queries are instant
     queries over scraped series, so the requests present a decision sees are up to a scrape and a
     delay old, not the engine's current queue."""
 
@@ -445,7 +445,7 @@ class _ScrapedGauges:
 
     def read(self, now: float) -> tuple[float | None, float | None]:
         """(waiting, running) at the last scrape a query at `now` sees; (None, None) before the first."""
-        k = math.floor((now - self.view.delay_s) / self.view.scrape_s)
+        k = self.view.last_scrape(now)
         for j, waiting, running in reversed(self.samples):
             if j <= k:
                 return waiting, running

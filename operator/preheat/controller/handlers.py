@@ -22,6 +22,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as ConnectionFailure
 
 from preheat.controller import builders, metrics, routing
 from preheat.controller import status as st
@@ -292,6 +293,12 @@ async def reconcile(body: kopf.Body, logger: logging.Logger, memo: kopf.Memo, **
         except ApiException as exc:
             metrics.reconciles.labels("error").inc()
             raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+        except ConnectionFailure as exc:
+            # The API server not reached at all (refused, reset, timed out): retried as soon as an API
+            # error, not after Kopf's 60 s default for unexpected errors: a freshly started operator
+            # whose first connection fails would leave a new endpoint without a Deployment for a minute.
+            metrics.reconciles.labels("error").inc()
+            raise kopf.TemporaryError(f"API server unreachable: {exc}", delay=5) from exc
     metrics.reconciles.labels("success").inc()
     for message in deprecated_fields(plain.get("spec")):  # once per create/update/resume of the spec
         kopf.warn(body, reason="DeprecatedField", message=message)

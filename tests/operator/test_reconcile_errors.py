@@ -20,7 +20,7 @@ BODY = {
 
 
 def _errors() -> float:
-    return metrics.reconciles.labels("error")._value.get()
+    return metrics.REGISTRY.get_sample_value("preheat_reconcile_total", {"outcome": "error"}) or 0.0
 
 
 @pytest.mark.parametrize("failure", [

@@ -290,15 +290,14 @@ async def reconcile(body: kopf.Body, logger: logging.Logger, memo: kopf.Memo, **
         try:
             image = memo["controller"].options.activator_image if "controller" in memo else None
             actions = await asyncio.to_thread(reconcile_objects, plain, spec, image)
-        except ApiException as exc:
-            metrics.reconciles.labels("error").inc()
-            raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
-        except ConnectionFailure as exc:
-            # The API server not reached at all (refused, reset, timed out): retried as soon as an API
-            # error, not after Kopf's 60 s default for unexpected errors: a freshly started operator
+        except (ApiException, ConnectionFailure) as exc:
+            # An API error, or the API server not reached at all (refused, reset, timed out), is retried
+            # in 5 s, not after Kopf's 60 s default for unexpected errors: a freshly started operator
             # whose first connection fails would leave a new endpoint without a Deployment for a minute.
             metrics.reconciles.labels("error").inc()
-            raise kopf.TemporaryError(f"API server unreachable: {exc}", delay=5) from exc
+            why = (f"API error {exc.status}: {exc.reason}" if isinstance(exc, ApiException)
+                   else f"API server unreachable: {exc}")
+            raise kopf.TemporaryError(why, delay=5) from exc
     metrics.reconciles.labels("success").inc()
     for message in deprecated_fields(plain.get("spec")):  # once per create/update/resume of the spec
         kopf.warn(body, reason="DeprecatedField", message=message)

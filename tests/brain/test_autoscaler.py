@@ -168,7 +168,8 @@ def test_step_decides_exactly_like_the_pure_decide() -> None:
         # the raw forecasts and readiness the step decided with (the decision's forecast_value has the
         # short trend's floor in it)
         raw = scaler.forecast_over(float(o.time_s), d.lead_time_s)
-        seen.append((o, d, raw, scaler.forecaster.ready))
+        ready = scaler.forecaster.ready
+        seen.append((o, d, raw, ready, ready and scaler.forecaster.seasonal))
         return d
 
     scaler.decide = recording  # type: ignore[method-assign]
@@ -178,9 +179,10 @@ def test_step_decides_exactly_like_the_pure_decide() -> None:
         recording(Observation(time_s=DAY_S + i * STEP_S, value=30.0, current_serving=3,
                               cold_start_samples_s=samples))  # type: ignore[arg-type]
     state = PolicyState()
-    for o, d, (fv, fu), ready in seen:
-        again, state = decide(CONFIG, state, o, fv, fu, ready)
+    for o, d, (fv, fu), ready, seasonal in seen:
+        again, state = decide(CONFIG, state, o, fv, fu, ready, seasonal)
         assert again == d
+    assert any(seasonal for *_, seasonal in seen) and not all(seasonal for *_, seasonal in seen)
 
 
 class _FixedForecaster:
@@ -321,3 +323,25 @@ class _NoUpperForecaster(_LevelForecaster):
 
     def forecast_upper(self, t_s: float, horizon_s: float, quantile: float = 0.9) -> float | None:
         return None
+
+
+class _SeasonalLevel(_LevelForecaster):
+    """A level forecaster whose ready model knows a season (as Holt-Winters once it has a day)."""
+
+    seasonal = True
+
+
+@pytest.mark.parametrize(("forecaster", "windows"), [(_SeasonalLevel(ready=True), 1.0),
+                                                       (_SeasonalLevel(ready=False), 2.0),
+                                                       (_LevelForecaster(ready=True), 2.0)])
+def test_a_forecaster_with_its_season_holds_a_replica_one_lead_time(forecaster, windows) -> None:
+    """The scale-down window is one lead time only where the forecaster is ready and knows a season; a
+    ready model without one (a level, a trend) and a seasonal one still learning hold 1 + 1/U."""
+    config = PolicyConfig(min_replicas=1, max_replicas=50, target_per_replica=10.0, target_utilization=1.0)
+    scaler = Autoscaler(config, forecaster)
+    lead = scaler.step(Observation(time_s=0.0, value=200.0, current_serving=20, serving_ready=20)).lead_time_s
+    held = [scaler.step(Observation(time_s=t, value=200.0 - 2.0 * t / 15.0, current_serving=20, serving_ready=20))
+            for t in (15.0 * i for i in range(1, 41))]
+    # the signal falls 2 per decision from 200: serving is the need of the oldest decision in the window
+    last = held[-1]
+    assert last.detail.count(f"highest recommendation in the last {windows * lead:g}s") == 1

@@ -108,13 +108,13 @@ def test_scale_down_waits_for_the_stabilization_window_then_respects_max_rate() 
     assert any("max scale-down rate" in d.detail for d in after_drop)
 
 
-def _serving_on_a_ramp_down(cfg: PolicyConfig) -> int:
+def _serving_on_a_ramp_down(cfg: PolicyConfig, seasonal: bool = False) -> int:
     """Serving after 15 minutes of a steady ramp down (400 - 3 per 15 s, the forecast following the
     signal): with the window's hold, the need of the signal one window ago."""
     state, current = PolicyState(), 40
     for i in range(61):
         v = 400.0 - 3.0 * i
-        d, state = decide(cfg, state, obs(i * 15.0, v, current), v, v)
+        d, state = decide(cfg, state, obs(i * 15.0, v, current), v, v, seasonal=seasonal)
         current = d.serving
     assert d.reason == Reason.STABILIZATION
     return current
@@ -151,6 +151,26 @@ def test_the_more_headroom_the_user_buys_the_longer_a_replica_is_held() -> None:
     # times old has left it), not 15 as at U = 1
     assert _serving_on_a_ramp_down(half) == replicas_needed(400.0 - 3.0 * (60 - 3.0 * lead / 15.0 + 1), half) == 58
     assert _serving_on_a_ramp_down(half.with_(target_utilization=1.0)) == 27
+
+
+def test_once_the_season_is_learned_a_replica_is_held_one_lead_time() -> None:
+    """With its season the forecast orders demand that comes back with the season a lead time ahead, so
+    getting a replica back costs its start-up only: the window is one lead time at every U (at least
+    the stable window; a configured window is that window), not 1 + 1/U lead times."""
+    lead = lead_time_s(BASE, [])
+    half = BASE.with_(target_utilization=0.5, max_replicas=100)
+    assert hold_lead_times(BASE, seasonal=True) == hold_lead_times(half, seasonal=True) == 1.0
+    assert stabilization_window_s(half, lead, seasonal=True) == lead
+    assert stabilization_window_s(half, 360.0, seasonal=True) == 360.0
+    assert stabilization_window_s(BASE, 10.0, seasonal=True) == BASE.stable_window_s
+    assert stabilization_window_s(half.with_(scale_down_stabilization_s=60.0), lead, seasonal=True) == 60.0
+    assert stabilization_window_s(BASE.with_(forecasting=False), lead, seasonal=True) == 300.0
+    # on the steady ramp down serving is the need of the decision one lead time (8 decisions) ago, not
+    # two (at U = 1) or three (at U = 0.5)
+    at_one = replicas_needed(400.0 - 3.0 * (60 - lead / 15.0 + 1), BASE)
+    assert _serving_on_a_ramp_down(BASE, seasonal=True) == at_one == 25 < _serving_on_a_ramp_down(BASE)
+    assert _serving_on_a_ramp_down(half, seasonal=True) == replicas_needed(400.0 - 3.0 * (60 - lead / 15.0 + 1),
+                                                                           half) == 49
 
 
 def test_the_noise_floor_holds_a_dip_within_the_noise_and_gives_back_a_drop_beyond_it() -> None:

@@ -75,8 +75,9 @@ class Autoscaler:
         # Until the forecaster has its full model the upper quantile sizes no warm margin and the short
         # trend floors the point forecast (decide_measured).
         ready = bool(getattr(self.forecaster, "ready", True))
+        seasonal = ready and bool(getattr(self.forecaster, "seasonal", False))  # the hold: decide_measured
         decision, self.state = decide_measured(
-            self.config, self.state, obs, forecast_value, forecast_upper, measured, lead, ready
+            self.config, self.state, obs, forecast_value, forecast_upper, measured, lead, ready, seasonal
         )
         return decision
 

@@ -33,6 +33,9 @@ class Forecaster(Protocol):
         """True once the forecaster has the history its full model needs (e.g. one season)."""
         ...
 
+    # Optional: `seasonal` (bool), True where a `ready` model knows the load's season (Holt-Winters,
+    # seasonal naive, an ensemble led by one); the Autoscaler reads it with getattr, default False.
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state, including a `kind` tag for `forecaster_from_dict`."""
         ...

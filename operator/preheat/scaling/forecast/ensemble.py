@@ -66,6 +66,11 @@ class EnsembleForecaster:
     def ready(self) -> bool:
         return bool(self.members[self.names[0]].ready)
 
+    @property
+    def seasonal(self) -> bool:
+        """Whether its full model knows a season: its first member's (Holt-Winters in `auto`)."""
+        return bool(getattr(self.members[self.names[0]], "seasonal", False))
+
     def update(self, t_s: float, value: float | None) -> None:
         self._memo.clear()
         self._weights.clear()

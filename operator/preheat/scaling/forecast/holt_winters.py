@@ -149,6 +149,8 @@ class HoltWinters:
         self._last_knot = -1
 
     # -- state ---------------------------------------------------------------------------------
+    seasonal = True  # its full model (`ready`) knows the daily season
+
     @property
     def ready(self) -> bool:
         if not self.seasonal_ready:

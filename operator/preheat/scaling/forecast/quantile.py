@@ -78,6 +78,10 @@ class QuantileForecaster:
         return bool(self.base.ready)
 
     @property
+    def seasonal(self) -> bool:
+        return bool(getattr(self.base, "seasonal", False))
+
+    @property
     def horizons_s(self) -> list[float]:
         return sorted(self._horizons)
 

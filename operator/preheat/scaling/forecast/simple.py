@@ -78,6 +78,8 @@ class SeasonalNaive:
         self.seen_at: list[float | None] = [None] * knots
         self.persistence = Persistence()
 
+    seasonal = True  # ready once it has seen a whole season
+
     @property
     def ready(self) -> bool:
         t = self.persistence.t_last

@@ -44,6 +44,7 @@ def decide(
     forecast_value: float | None = None,
     forecast_upper: float | None = None,
     ready: bool = True,
+    seasonal: bool = False,
 ) -> tuple[Decision, PolicyState]:
     """One scaling decision. Pure: the same inputs always give the same (Decision, PolicyState).
 
@@ -51,10 +52,10 @@ def decide(
     peak of the forecast between now and now + lead time) and `forecast_upper` its upper quantile.
     Never raises on bad observations: missing, stale, NaN or negative data gives a `hold` decision.
     `ready` says whether the forecaster has its full model (the Autoscaler passes its forecaster's
-    `ready`): see `decide_measured`.
+    `ready`) and `seasonal` whether that model knows the load's season: see `decide_measured`.
     """
     measured, lead = measured_cold_starts(config, obs.cold_start_samples_s, state.cold_start_samples_s)
-    return decide_measured(config, state, obs, forecast_value, forecast_upper, measured, lead, ready)
+    return decide_measured(config, state, obs, forecast_value, forecast_upper, measured, lead, ready, seasonal)
 
 
 def decide_measured(
@@ -66,14 +67,14 @@ def decide_measured(
     measured: tuple[float, ...],
     lead: float,
     ready: bool = True,
+    seasonal: bool = False,  # a ready model that knows the season: a one-lead-time hold (`hold_lead_times`)
 ) -> tuple[Decision, PolicyState]:
     """`decide` with the cleaned cold-start samples and the lead time already worked out.
 
     `ready=False` (the forecaster has no season yet: its forecast is the level) keeps the upper quantile
     out of the warm pool (a spread the headroom 1 - U already prices; the queue's promotions still go
     back there where a warm one pays), and the signal's short trend stands in for the forecast (`trend_floor`);
-    with `ready` the trend over the lead time is a hedge the scale-down window does not hold
-    (`forecast_with_trend`).
+    with `ready` the trend over the lead time is a hedge the scale-down window does not hold (`forecast_with_trend`).
     `(measured, lead)` must be `measured_cold_starts(config, obs.cold_start_samples_s,
     state.cold_start_samples_s)`: the Autoscaler needs the lead time for the forecast horizon first.
     """
@@ -95,7 +96,7 @@ def decide_measured(
     panic_since, panic_last_over, panic_max = _panic_window(config, state, now, needs, current)
     in_panic = panic_since is not None
     notes: list[str] = []
-    window = stabilization_window_s(config, lead)
+    window = stabilization_window_s(config, lead, seasonal)
     pays = config.warm_pays(lead)
     # Where a warm replica pays and the queue is seen, replicas promoted for a queue are the pool's, on loan.
     lend = pays and config.concurrency_per_replica is not None

@@ -453,7 +453,8 @@ class ScalingSpec(_Model):
         default=0.8, gt=0.0, le=1.0,  # PolicyConfig.target_utilization (a test keeps them equal)
         description="Share of targetPerReplica a serving replica is planned to carry: 1 - this is the headroom "
         "(Knative's target-utilization-percentage / 100). It also prices the scale-down hold (1 + 1/U lead times "
-        "when forecasting, one lead time once the forecaster has learned the season). The knob to tune until the SLO holds: `preheat frontier` sweeps it, and its Preheat "
+        "when forecasting, one lead time once the forecaster has learned the season). The knob to tune until the "
+        "SLO holds: `preheat frontier` sweeps it, and its Preheat "
         "point at U is this spec with targetUtilization U and targetPerReplica the replica's capacity.",
     )
     latency_slo_ms: float | None = Field(
@@ -470,7 +471,8 @@ class ScalingSpec(_Model):
         "the target utilization: two at U = 1 (capacity given back costs a lead time of start-up and a lead time of "
         "unserved demand to get back, that demand priced at the 1/U replicas that serve it with the headroom); one lead "
         "time once the forecaster has learned the load's season (demand that comes back with the season is "
-        "forecast and ordered ahead, so only the start-up is paid again); with a noise floor instead of HPA's 300 s: a scale-down goes no lower than the signal plus 3 standard deviations "
+        "forecast and ordered ahead, so only the start-up is paid again); with a noise floor instead of HPA's "
+        "300 s: a scale-down goes no lower than the signal plus 3 standard deviations "
         "of its noise needs. A value set here is exactly the window, with no noise floor.",
     )
     scale_to_zero: bool = Field(

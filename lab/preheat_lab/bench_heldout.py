@@ -13,7 +13,8 @@ tuned: it measures where the policy does not win, too.
     python -m preheat_lab.bench_heldout --out bench-results/heldout.json [--only deepseek-r1-idle]
 
 `--only` reruns those variants and keeps the other rows of an existing `--out` file; `--oracle-only` reruns
-only the oracle's sweeps in them (the reference) and keeps the other policies'. `--seed N` draws other
+only the oracle's sweeps in them (the reference) and keeps the other policies'; `--preheat-only` reruns only
+Preheat's (after a change to its policy) and keeps the baselines' and the oracle's. `--seed N` draws other
 arrivals inside each window (and other cold starts); `--compare-seeds 0=A.json 1=B.json` writes the
 per-seed verdicts side by side (`make bench-heldout-seeds`), so a row decided by one draw's luck shows.
 
@@ -135,9 +136,10 @@ def reshaped_copy(src: Path, out: Path, reshape: str) -> Path:
 
 
 def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0,
-                kept: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One (variant, cold start) row: every policy's sweep, or with `kept` (that row as stored) only the
-    oracle's, the reference, and the causal policies' sweeps as they were (they never read it)."""
+                kept: dict[str, Any] | None = None, rerun: str = "oracle") -> dict[str, Any]:
+    """One (variant, cold start) row: every policy's sweep, or with `kept` (that row as stored) only
+    `rerun`'s and every other sweep as it was: the oracle's (the reference: the causal policies never
+    read it) or Preheat's (after a change to its policy: the baselines and the oracle do not run it)."""
     argv = ["--trace", str(path), "--cold-start", cold_arg, "--peak-replicas", str(v.peak_replicas),
             *(a for kv in v.preheat for a in ("--preheat", kv)), *(("--seed", str(seed)) if seed else ())]
     settings = cli.settings_from(cli.parser().parse_args(argv))
@@ -147,15 +149,19 @@ def run_variant(v: Variant, path: Path, cold_arg: str, seed: int = 0,
     if kept is None:
         policies = sweep(w, load_cold_start(cold_arg), settings, list(POLICY_NAMES), UTILIZATIONS, SLO_TARGETS)
     else:
-        oracle = sweep(w, load_cold_start(cold_arg), settings, ["oracle"], UTILIZATIONS, SLO_TARGETS)
-        policies = {**kept["policies"], **oracle}
+        again = sweep(w, load_cold_start(cold_arg), settings, [rerun], UTILIZATIONS, SLO_TARGETS)
+        policies = {**kept["policies"], **again}
     row = {"variant": v.name, "about": v.describe(), "cold_start_s": float(cold_arg), "seed": seed, "fleet": w.describe(),
            "command": "preheat frontier " + " ".join(argv).replace(str(path), v.trace_file()),
            "policies": policies, "rows": compare(policies), "cpu_s": time.process_time() - started,
            # per row: `--only` reruns keep other rows, which ran on another day (and maybe machine)
            "machine": machine(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if kept is not None:
+    if kept is not None and rerun == "oracle":
         row["causal_sweeps_from"] = causal_provenance(kept)
+    elif kept is not None:
+        row |= {"rerun": rerun, "baseline_sweeps_from": baseline_provenance(kept),
+                "oracle_sweeps_from": kept.get("oracle_sweeps_from")
+                or {k: kept.get(k) for k in ("machine", "finished_utc")}}
     return row
 
 
@@ -164,7 +170,16 @@ def causal_provenance(kept: dict[str, Any]) -> dict[str, Any]:
     record of an earlier `--oracle-only` rerun, else the stored row's run (machine, time, CPU)."""
     if "causal_sweeps_from" in kept:
         return kept["causal_sweeps_from"]
-    return {k: kept.get(k) for k in ("machine", "finished_utc", "cpu_s")}
+    run = {k: kept.get(k) for k in ("machine", "finished_utc", "cpu_s")}
+    if "baseline_sweeps_from" in kept:  # a `--preheat-only` row: Preheat ran then, the baselines earlier
+        return {"preheat": run, "baselines": kept["baseline_sweeps_from"]}
+    return run
+
+
+def baseline_provenance(kept: dict[str, Any]) -> dict[str, Any]:
+    """Where a `--preheat-only` row's kept baseline sweeps ran: the stored row's record of an earlier
+    rerun (of Preheat, or of the oracle: then the baselines ran with the causal sweeps), else its run."""
+    return kept.get("baseline_sweeps_from") or causal_provenance(kept)
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
@@ -227,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-only", action="store_true", help="only rebuild the .md table from --out")
     ap.add_argument("--oracle-only", action="store_true",
                     help="rerun the oracle's sweeps only; keep the other policies' from the rows stored in --out")
+    ap.add_argument("--preheat-only", action="store_true",
+                    help="rerun Preheat's sweeps only (after a change to its policy); keep the baselines' and "
+                    "the oracle's from the rows stored in --out")
     ap.add_argument("--compare-seeds", nargs="+", metavar="SEED=JSON",
                     help="only write --out (markdown) comparing runs of other seeds, e.g. 0=heldout.json "
                     "1=heldout-seed1.json")
@@ -248,11 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".md").write_text(table + "\n")
         print(table)
         return 0
+    if args.preheat_only and args.oracle_only:
+        ap.error("--preheat-only and --oracle-only each keep what the other reruns: pick one")
+    rerun, one = ("preheat", "--preheat-only") if args.preheat_only else ("oracle", "--oracle-only")
+    only_one = args.preheat_only or args.oracle_only
     wanted = set(args.only.split(",")) if args.only else None
     stored = {(r["variant"], r["cold_start_s"]): r for r in json.loads(out.read_text())["results"]} \
-        if args.oracle_only and out.exists() else {}
-    if args.oracle_only and not stored:
-        ap.error(f"--oracle-only keeps the other policies' sweeps from --out, and {out} has none")
+        if only_one and out.exists() else {}
+    if only_one and not stored:
+        ap.error(f"{one} keeps the other policies' sweeps from --out, and {out} has none")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for v in VARIANTS:
@@ -268,12 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                 path = reshaped_copy(path, Path(tmp) / f"{v.name}.csv", v.reshape)
             for cold in COLDS:
                 print(f"== {v.name}, cold start {cold} s", flush=True)
-                kept = stored.get((v.name, float(cold)))  # empty unless --oracle-only
-                if args.oracle_only and kept is None:
+                kept = stored.get((v.name, float(cold)))  # empty unless --oracle-only / --preheat-only
+                if only_one and kept is None:
                     print(f"  {v.name} at {cold} s is not in {out}: running every policy", flush=True)
                 elif kept is not None and kept.get("seed", 0) != args.seed:
-                    ap.error(f"--oracle-only: {out} holds seed {kept.get('seed', 0)}'s draws, not seed {args.seed}'s")
-                results.append(run_variant(v, path, cold, args.seed, kept))
+                    ap.error(f"{one}: {out} holds seed {kept.get('seed', 0)}'s draws, not seed {args.seed}'s")
+                results.append(run_variant(v, path, cold, args.seed, kept, rerun))
     if wanted is not None and out.exists():  # --only reruns those variants and keeps the others' rows
         kept = [r for r in json.loads(out.read_text())["results"] if r["variant"] not in wanted]
         order = {v.name: i for i, v in enumerate(VARIANTS)}

@@ -101,3 +101,26 @@ def test_oracle_only_reruns_the_reference_and_keeps_every_causal_policy_s_sweep(
     assert "causal_sweeps_from" not in full
     stored_again = json.loads(json.dumps(again)) | {"finished_utc": "later"}
     assert run_variant(v, path, "30", kept=stored_again)["causal_sweeps_from"] == again["causal_sweeps_from"]
+
+
+def test_preheat_only_reruns_preheat_and_keeps_the_baselines_and_the_oracle(tmp_path):
+    path = idle_copy(write_series(tmp_path / "d.csv", RATES), tmp_path / "idle.csv")
+    v = Variant("idle", "deepseek-r1", idle=True)
+    full = run_variant(v, path, "30")
+    stored = json.loads(json.dumps(full))
+    stored["policies"]["kpa"]["points"][0]["replica_seconds"] = 1.0  # marks: kept sweeps are not rerun
+    stored["policies"]["oracle"]["points"][0]["replica_seconds"] = 2.0
+    stored["policies"]["preheat"] = {"points": [], "cost_at_slo": {"0.99": None, "0.999": None}, "cpu_s": 0.0}
+    again = run_variant(v, path, "30", kept=stored, rerun="preheat")
+    assert again["policies"]["kpa"]["points"][0]["replica_seconds"] == 1.0
+    assert again["policies"]["oracle"]["points"][0]["replica_seconds"] == 2.0
+    assert again["policies"]["preheat"]["points"] == full["policies"]["preheat"]["points"]  # rerun
+    assert again["rows"]["0.99"]["cost"]["preheat"] == full["rows"]["0.99"]["cost"]["preheat"]
+    # the kept sweeps say where they ran, and a later oracle rerun keeps both records apart
+    ran = {k: stored[k] for k in ("machine", "finished_utc", "cpu_s")}
+    assert again["rerun"] == "preheat" and again["baseline_sweeps_from"] == ran
+    assert again["oracle_sweeps_from"] == {k: stored[k] for k in ("machine", "finished_utc")}
+    assert "causal_sweeps_from" not in again
+    oracle_again = run_variant(v, path, "30", kept=json.loads(json.dumps(again)))
+    assert oracle_again["causal_sweeps_from"]["baselines"] == ran
+    assert oracle_again["causal_sweeps_from"]["preheat"]["finished_utc"] == again["finished_utc"]
